@@ -1,0 +1,1 @@
+"""Numba kernels: sampling, relabelling, CSC/CSR builds, gathers, generators."""

@@ -1,0 +1,212 @@
+"""Epoch plans and the prefetching mini-batch loader.
+
+The loader runs the pipeline ``sample -> require partitions -> gather features -> tensors`` on a
+background thread, ``prefetch`` batches ahead of the trainer (the Numba kernels and ``preadv`` release
+the GIL, so sampling and I/O overlap with the model).  Every batch's random stream is keyed by
+(seed, epoch, batch index), so batches do not depend on threads, prefetch depth or buffer size.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from ooc.buffer import PartitionBuffer
+from ooc.kernels.rng import batch_key
+from ooc.kernels.sampling import sample_blocks
+from ooc.models import TorchBlock, to_torch_blocks
+
+__all__ = ["Batch", "EpochPlan", "plan_epoch", "BatchLoader"]
+
+
+@dataclass
+class EpochPlan:
+    """The batches of one epoch and the partition schedule they imply.
+
+    Attributes:
+        batches: list of int64 seed arrays.
+        batch_parts: per batch, the partitions of its seeds, most seeds first.
+        schedule: the sequence of distinct partitions the epoch visits, in order.
+        batch_pos: per batch, index in ``schedule`` just after its partitions.
+    """
+
+    batches: list[np.ndarray]
+    batch_parts: list[list[int]]
+    schedule: list[int]
+    batch_pos: list[int]
+
+
+def plan_epoch(seeds: np.ndarray, part_of: np.ndarray, num_parts: int, batch_size: int, seed: int,
+               epoch: int, shuffle: bool = True) -> EpochPlan:
+    """Order seeds partition by partition (random partition order, random order within one) and cut
+    them into batches of ``batch_size`` (the last may be smaller).
+
+    The plan depends on (seeds, partitioning, batch size, seed, epoch) only -- not on the buffer
+    capacity -- so any buffer size trains on identical batches.
+
+    Args:
+        seeds: int64 [S] training node ids; part_of: int64 [S] their partitions.
+    """
+    rng = np.random.default_rng([seed, epoch, 0x5EED])
+    if shuffle:
+        order = rng.permutation(num_parts)
+        perm = rng.permutation(seeds.shape[0])
+    else:
+        order = np.arange(num_parts)
+        perm = np.arange(seeds.shape[0])
+    rank = np.empty(num_parts, dtype=np.int64)
+    rank[order] = np.arange(num_parts)
+    s = seeds[perm]
+    p = part_of[perm]
+    o = np.argsort(rank[p], kind="stable")
+    s, p = s[o], p[o]
+    batches, batch_parts, schedule, batch_pos = [], [], [], []
+    for i in range(0, s.shape[0], batch_size):
+        bs, bp = s[i:i + batch_size], p[i:i + batch_size]
+        parts, counts = np.unique(bp, return_counts=True)
+        ranked = [int(x) for x in parts[np.argsort(-counts, kind="stable")]]
+        for q in [int(x) for x in dict.fromkeys(bp.tolist())]:
+            if not schedule or schedule[-1] != q:
+                schedule.append(q)
+        batches.append(bs)
+        batch_parts.append(ranked)
+        batch_pos.append(len(schedule))
+    return EpochPlan(batches, batch_parts, schedule, batch_pos)
+
+
+@dataclass
+class Batch:
+    """One training step's data.
+
+    Attributes:
+        index: batch index in the epoch; seeds: int64 [B];
+        blocks: MFGs, input layer first; x: float32 [num_input, D]; y: int64 [B];
+        num_edges: sampled edges; sample_s / gather_s: producer time spent sampling / gathering.
+    """
+
+    index: int
+    seeds: np.ndarray
+    blocks: list[TorchBlock]
+    x: torch.Tensor
+    y: torch.Tensor
+    num_edges: int
+    sample_s: float
+    gather_s: float
+
+
+class BatchLoader:
+    """Build batches on a background thread.
+
+    Args:
+        indptr, indices: CSC topology (in memory or mapped).
+        degrees: int64 [N] in-degrees.
+        labels: int [N].
+        buffer: the partition buffer serving feature rows.
+        fanouts: per-layer fanouts, output layer first.
+        seed: run seed; replace: sample with replacement.
+        prefetch: batches built ahead (0 = build synchronously in the caller's thread).
+        feat_norm: ``row`` divides each feature row by its sum (Kipf & Welling's preprocessing).
+    """
+
+    def __init__(self, indptr: np.ndarray, indices: np.ndarray, degrees: np.ndarray,
+                 labels: np.ndarray, buffer: PartitionBuffer, fanouts: list[int], seed: int,
+                 replace: bool = False, prefetch: int = 2, feat_norm: str = "none") -> None:
+        self.indptr = indptr
+        self.indices = indices
+        self.degrees = degrees
+        self.labels = labels
+        self.buffer = buffer
+        self.fanouts = list(fanouts)
+        self.seed = seed
+        self.replace = replace
+        self.prefetch = prefetch
+        self.feat_norm = feat_norm
+        self.stall_s = 0.0
+
+    def _features(self, ids: np.ndarray) -> torch.Tensor:
+        x = torch.from_numpy(self.buffer.gather(ids)).float()
+        if self.feat_norm == "row":
+            s = x.sum(1, keepdim=True)
+            x = x / torch.where(s == 0, torch.ones_like(s), s)
+        return x
+
+    def make_batch(self, index: int, seeds: np.ndarray, epoch: int, fanouts: list[int] | None = None,
+                   parts: list[int] | None = None, upcoming: list[int] | None = None) -> Batch:
+        """Sample and gather one batch (in the calling thread)."""
+        t0 = time.perf_counter()
+        sg = sample_blocks(self.indptr, self.indices, seeds, fanouts or self.fanouts,
+                           batch_key(self.seed, epoch, index), self.replace)
+        blocks = to_torch_blocks(sg, self.degrees)
+        t1 = time.perf_counter()
+        if parts is not None:
+            self.buffer.require(parts, upcoming)
+        x = self._features(sg.input_nodes)
+        y = torch.from_numpy(self.labels[sg.seeds].astype(np.int64))
+        t2 = time.perf_counter()
+        return Batch(index, sg.seeds, blocks, x, y, sg.num_sampled_edges, t1 - t0, t2 - t1)
+
+    def iterate(self, plan: EpochPlan, epoch: int) -> Iterator[Batch]:
+        """Yield the plan's batches in order, built ``prefetch`` ahead on a background thread.
+
+        ``stall_s`` accumulates the time the consumer waited for a batch (I/O + sampling stall).
+        """
+        cap = self.buffer.capacity
+
+        def build(i: int) -> Batch:
+            pos = plan.batch_pos[i]
+            upcoming = plan.schedule[pos:pos + 2 * cap]
+            return self.make_batch(i, plan.batches[i], epoch, parts=plan.batch_parts[i],
+                                   upcoming=upcoming)
+
+        if self.prefetch <= 0:
+            for i in range(len(plan.batches)):
+                t = time.perf_counter()
+                b = build(i)
+                self.stall_s += time.perf_counter() - t
+                yield b
+            return
+        q: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+
+        def produce() -> None:
+            try:
+                for i in range(len(plan.batches)):
+                    if stop.is_set():
+                        return
+                    item = build(i)
+                    while not stop.is_set():
+                        try:
+                            q.put(item, timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                q.put(None)
+            except BaseException as e:  # forwarded to the consumer
+                q.put(e)
+
+        th = threading.Thread(target=produce, name="ooc-loader", daemon=True)
+        th.start()
+        try:
+            while True:
+                t = time.perf_counter()
+                item = q.get()
+                self.stall_s += time.perf_counter() - t
+                if item is None:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            while th.is_alive():
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    pass
+                th.join(timeout=0.05)

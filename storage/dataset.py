@@ -1,0 +1,464 @@
+"""The on-disk dataset (format v1): writer (atomic) and reader.
+
+A dataset is a directory::
+
+    DATASET/
+      catalog.lmdb/            LMDB: manifest, per-chunk checksums
+      arrays.zarr/             Zarr v3 group, uncompressed, chunked along axis 0
+        topology/indptr        int64 [N+1]   CSC: in-edges of node v are indices[indptr[v]:indptr[v+1]]
+        topology/indices       int32|int64 [E] source node of each in-edge (int64 iff N >= 2**31)
+        nodes/features         float32|float16 [N, D]
+        nodes/labels           int32 [N], -1 = unlabelled
+        nodes/splits/{train,valid,test}   int64 sorted node ids
+        partitions/offsets     int64 [P+1] (optional): partition p = nodes [offsets[p], offsets[p+1])
+
+The writer builds everything under a hidden temporary sibling (``.NAME.partial-PID-XXXX``) and renames
+it into place only once complete and verified, so a failed or killed conversion never leaves a
+dataset directory at the target path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ooc.storage.catalog import FORMAT_VERSION, Catalog
+from ooc.storage.rawarray import RawArray, RawArrayWriter, write_array, write_group_metadata
+
+__all__ = ["Dataset", "DatasetWriter", "DatasetError", "sha256_file", "ARRAY_NAMES"]
+
+ARRAY_NAMES = {
+    "indptr": "topology/indptr",
+    "indices": "topology/indices",
+    "features": "nodes/features",
+    "labels": "nodes/labels",
+    "train": "nodes/splits/train",
+    "valid": "nodes/splits/valid",
+    "test": "nodes/splits/test",
+    "partition_offsets": "partitions/offsets",
+}
+SPLITS = ("train", "valid", "test")
+
+
+class DatasetError(Exception):
+    """A dataset is missing, malformed or fails verification."""
+
+
+def sha256_file(path: str | os.PathLike, block: int = 1 << 22) -> str:
+    """Hex sha256 of a file, read in 4 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(block)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_partials(out: Path) -> None:
+    for p in out.parent.glob(f".{out.name}.partial-*"):
+        try:
+            pid = int(p.name.rsplit(".partial-", 1)[1].split("-")[0])
+        except (ValueError, IndexError):
+            continue
+        if not _pid_alive(pid):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+class DatasetWriter:
+    """Build a dataset atomically.
+
+    Use as a context manager; on an exception the partial directory is removed::
+
+        with DatasetWriter(out) as w:
+            w.write_array("features", x)
+            ...
+            w.commit(num_nodes=..., ...)
+
+    Args:
+        out: target dataset directory.
+        overwrite: replace an existing dataset at ``out`` (only after the new one is complete).
+
+    Raises:
+        FileExistsError: ``out`` exists and ``overwrite`` is false.
+    """
+
+    def __init__(self, out: str | os.PathLike, overwrite: bool = False) -> None:
+        self.out = Path(out).absolute()
+        if self.out.exists() and not overwrite:
+            raise FileExistsError(f"{self.out}: already exists (pass --overwrite to replace it)")
+        self.overwrite = overwrite
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_partials(self.out)
+        self.tmp = self.out.parent / f".{self.out.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
+        self.tmp.mkdir()
+        self.arrays_root = self.tmp / "arrays.zarr"
+        write_group_metadata(self.arrays_root)
+        self.records: dict[str, dict] = {}
+        self.sources: list[dict] = []
+        self._done = False
+
+    # ---------------------------------------------------------------- arrays
+    def _array_path(self, name: str) -> tuple[str, Path]:
+        rel = ARRAY_NAMES.get(name, name)
+        path = self.arrays_root / rel
+        # make intermediate Zarr groups
+        parent = path.parent
+        chain = []
+        while parent != self.arrays_root:
+            chain.append(parent)
+            parent = parent.parent
+        for g in reversed(chain):
+            if not (g / "zarr.json").exists():
+                write_group_metadata(g)
+        return rel, path
+
+    def array_writer(self, name: str, dtype: np.dtype | str, row_shape: tuple[int, ...] = (),
+                     expected_rows: int = 0, chunk_rows: int | None = None) -> RawArrayWriter:
+        """A streaming writer for array ``name`` (a key of :data:`ARRAY_NAMES` or a Zarr path).
+        Call :meth:`finish_array` with it when done."""
+        rel, path = self._array_path(name)
+        w = RawArrayWriter(path, dtype, row_shape, chunk_rows=chunk_rows, expected_rows=expected_rows)
+        w.name = rel  # type: ignore[attr-defined]
+        return w
+
+    def finish_array(self, writer: RawArrayWriter) -> None:
+        self.records[writer.name] = writer.close()  # type: ignore[attr-defined]
+
+    def write_array(self, name: str, data: np.ndarray, chunk_rows: int | None = None) -> None:
+        """Write a whole in-memory array."""
+        rel, path = self._array_path(name)
+        self.records[rel] = write_array(path, data, chunk_rows=chunk_rows)
+
+    def add_source(self, path: str | os.PathLike) -> None:
+        """Record an input file with its size and sha256 in the manifest."""
+        p = Path(path)
+        self.sources.append({"path": str(p.absolute()), "size": p.stat().st_size,
+                             "sha256": sha256_file(p)})
+
+    # ---------------------------------------------------------------- commit
+    def commit(self, **manifest: Any) -> Path:
+        """Verify, write the catalog, fsync and rename into place.
+
+        Args:
+            **manifest: fields stored in the manifest (``name``, ``num_nodes``, ``num_classes``...).
+
+        Returns:
+            The final dataset path.
+
+        Raises:
+            DatasetError: the structural checks fail (nothing is left at the target path).
+        """
+        man = {
+            "format_version": FORMAT_VERSION,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "tool": "ooc",
+            "tool_version": _tool_version(),
+            "sources": self.sources,
+        }
+        man.update(manifest)
+        man["arrays"] = {k: {kk: v[kk] for kk in ("shape", "dtype", "chunk_rows")}
+                         for k, v in self.records.items()}
+        ds = Dataset(self.tmp, _manifest=man)
+        problems = ds.check_structure()
+        if problems:
+            raise DatasetError(f"{self.out}: refusing to write an invalid dataset: " + "; ".join(problems))
+        cat = Catalog(self.tmp / "catalog.lmdb", readonly=False)
+        try:
+            items = {"manifest": man}
+            for k, rec in self.records.items():
+                items[f"checksums/{k}"] = rec["checksums"]
+            cat.put_many_json(items)
+            cat.sync()
+        finally:
+            cat.close()
+        _fsync_tree(self.tmp)
+        _fault_point("before-rename")
+        if self.out.exists():
+            trash = self.out.parent / f".{self.out.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
+            os.rename(self.out, trash)
+            os.rename(self.tmp, self.out)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.rename(self.tmp, self.out)
+        _fsync_dir(self.out.parent)
+        self._done = True
+        return self.out
+
+    def abort(self) -> None:
+        """Remove the partial directory."""
+        if not self._done:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self._done = True
+
+    def __enter__(self) -> "DatasetWriter":
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None or not self._done:
+            self.abort()
+
+
+def _fault_point(name: str) -> None:
+    """Test hook: with ``OOC_FAULT_PAUSE=<name>:<seconds>[:<marker file>]`` in the environment, touch
+    the marker and sleep at this point, so a test can SIGKILL the process mid-write."""
+    spec = os.environ.get("OOC_FAULT_PAUSE")
+    if not spec:
+        return
+    parts = spec.split(":")
+    if parts[0] != name:
+        return
+    if len(parts) > 2:
+        Path(parts[2]).touch()
+    time.sleep(float(parts[1]))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            fd = os.open(os.path.join(dirpath, f), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
+
+
+def _tool_version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("ooc-gnn")
+    except Exception:  # pragma: no cover
+        return "unknown"
+
+
+class Dataset:
+    """Reader of an ooc dataset directory.
+
+    Small arrays (indptr, labels, splits) are loaded on first access; large ones (features,
+    indices) are exposed as :class:`~ooc.storage.rawarray.RawArray` for partial reads or mapping.
+
+    Args:
+        path: dataset directory.
+
+    Raises:
+        DatasetError: not an ooc dataset, or a format version this code cannot read.
+    """
+
+    def __init__(self, path: str | os.PathLike, _manifest: dict | None = None) -> None:
+        self.path = Path(path)
+        if _manifest is None:
+            if not self.path.is_dir():
+                raise DatasetError(f"{self.path}: no such dataset directory")
+            try:
+                cat = Catalog(self.path / "catalog.lmdb")
+            except FileNotFoundError as e:
+                raise DatasetError(str(e)) from None
+            try:
+                _manifest = cat.get_json("manifest")
+            finally:
+                cat.close()
+            if _manifest is None:
+                raise DatasetError(f"{self.path}: catalog has no manifest")
+        self.manifest: dict = _manifest
+        v = self.manifest.get("format_version")
+        if v != FORMAT_VERSION:
+            raise DatasetError(f"{self.path}: format version {v}, this ooc reads {FORMAT_VERSION}")
+        self._cache: dict[str, Any] = {}
+
+    # ------------------------------------------------------------ metadata
+    @property
+    def name(self) -> str:
+        return str(self.manifest.get("name", self.path.name))
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.manifest["num_nodes"])
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.manifest["arrays"][ARRAY_NAMES["indices"]]["shape"][0])
+
+    @property
+    def feat_dim(self) -> int:
+        shape = self.manifest["arrays"][ARRAY_NAMES["features"]]["shape"]
+        return int(shape[1]) if len(shape) > 1 else 1
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.manifest.get("num_classes", 0))
+
+    def has(self, name: str) -> bool:
+        return ARRAY_NAMES.get(name, name) in self.manifest["arrays"]
+
+    def raw(self, name: str) -> RawArray:
+        """:class:`RawArray` of array ``name`` (a key of :data:`ARRAY_NAMES` or a Zarr path)."""
+        rel = ARRAY_NAMES.get(name, name)
+        key = "raw:" + rel
+        if key not in self._cache:
+            if rel not in self.manifest["arrays"]:
+                raise DatasetError(f"{self.path}: dataset has no array {rel}")
+            self._cache[key] = RawArray(self.path / "arrays.zarr" / rel)
+        return self._cache[key]
+
+    def load(self, name: str) -> np.ndarray:
+        """Array ``name`` read fully into memory (cached)."""
+        key = "load:" + ARRAY_NAMES.get(name, name)
+        if key not in self._cache:
+            self._cache[key] = self.raw(name).read_all()
+        return self._cache[key]
+
+    # ------------------------------------------------------------ arrays
+    @property
+    def indptr(self) -> np.ndarray:
+        """int64 [N+1] CSC offsets (in memory)."""
+        return self.load("indptr")
+
+    @property
+    def indices(self) -> np.ndarray:
+        """int32|int64 [E] CSC source ids (in memory)."""
+        return self.load("indices")
+
+    @property
+    def features(self) -> RawArray:
+        """Node features on disk: [N, D] float32|float16."""
+        return self.raw("features")
+
+    @property
+    def labels(self) -> np.ndarray:
+        """int32 [N] labels, -1 = unlabelled."""
+        return self.load("labels")
+
+    def split(self, name: str) -> np.ndarray:
+        """int64 sorted node ids of split ``train``, ``valid`` or ``test`` (empty if absent)."""
+        if not self.has(name):
+            return np.empty(0, dtype=np.int64)
+        return self.load(name).astype(np.int64, copy=False)
+
+    @property
+    def partition_offsets(self) -> np.ndarray | None:
+        """int64 [P+1] stored partition boundaries, or None."""
+        return self.load("partition_offsets") if self.has("partition_offsets") else None
+
+    def degrees(self) -> np.ndarray:
+        """int64 [N] in-degrees."""
+        ip = self.indptr
+        return np.diff(ip)
+
+    # ------------------------------------------------------------ verification
+    def check_structure(self) -> list[str]:
+        """Structural invariants; returns a list of problems (empty when the dataset is sound).
+
+        Checks: indptr starts at 0, is non-decreasing and ends at E; indices in ``[0, N)``; features
+        and labels have N rows; splits in range, sorted, unique and pairwise disjoint; partition
+        offsets cover ``[0, N]`` with no empty partition.
+        """
+        problems: list[str] = []
+        arrays = self.manifest["arrays"]
+        n = self.num_nodes
+        for req in ("indptr", "indices"):
+            if ARRAY_NAMES[req] not in arrays:
+                problems.append(f"missing array {ARRAY_NAMES[req]}")
+        if problems:
+            return problems
+        ip = self.raw("indptr").read_all()
+        if ip.shape != (n + 1,):
+            problems.append(f"topology/indptr has shape {ip.shape}, expected ({n + 1},)")
+        elif ip[0] != 0 or (n > 0 and np.any(np.diff(ip) < 0)) or ip[-1] != self.num_edges:
+            problems.append("topology/indptr is not a monotone offset array from 0 to E")
+        idx = self.raw("indices")
+        step = 1 << 24
+        for s in range(0, idx.shape[0], step):
+            block = idx.read(s, min(s + step, idx.shape[0]))
+            if block.size and (block.min() < 0 or block.max() >= n):
+                bad = block[(block < 0) | (block >= n)][0]
+                problems.append(f"topology/indices holds node id {bad} outside [0, {n})")
+                break
+        for name in ("features", "labels"):
+            rel = ARRAY_NAMES[name]
+            if rel in arrays and arrays[rel]["shape"][0] != n:
+                problems.append(f"{rel} has {arrays[rel]['shape'][0]} rows, expected {n}")
+        seen: dict[str, np.ndarray] = {}
+        for s in SPLITS:
+            if ARRAY_NAMES[s] in arrays:
+                ids = self.raw(s).read_all().astype(np.int64)
+                if ids.size and (ids.min() < 0 or ids.max() >= n):
+                    problems.append(f"split {s} holds ids outside [0, {n})")
+                elif ids.size > 1 and np.any(np.diff(ids) <= 0):
+                    problems.append(f"split {s} is not sorted and unique")
+                seen[s] = ids
+        names = list(seen)
+        for i in range(len(names)):
+            for j in range(i + 1, len(names)):
+                common = np.intersect1d(seen[names[i]], seen[names[j]])
+                if common.size:
+                    problems.append(f"splits {names[i]} and {names[j]} share {common.size} nodes "
+                                    f"(first: {common[0]})")
+        if ARRAY_NAMES["partition_offsets"] in arrays:
+            off = self.raw("partition_offsets").read_all()
+            if off.size < 2 or off[0] != 0 or off[-1] != n or np.any(np.diff(off) <= 0):
+                problems.append("partitions/offsets must rise strictly from 0 to N (no empty partition)")
+        return problems
+
+    def verify_checksums(self) -> list[str]:
+        """Re-hash every chunk file against the catalog; returns problems naming array and chunk."""
+        problems: list[str] = []
+        cat = Catalog(self.path / "catalog.lmdb")
+        try:
+            for rel in self.manifest["arrays"]:
+                expected = cat.get_json(f"checksums/{rel}", {})
+                arr = RawArray(self.path / "arrays.zarr" / rel)
+                for key, digest in sorted(expected.items()):
+                    f = arr.path / key
+                    try:
+                        data = f.read_bytes()
+                    except FileNotFoundError:
+                        problems.append(f"{rel}: chunk {key} is missing")
+                        continue
+                    if hashlib.blake2b(data, digest_size=16).hexdigest() != digest:
+                        problems.append(f"{rel}: chunk {key} fails its checksum")
+                arr.close()
+        finally:
+            cat.close()
+        return problems
+
+    def disk_usage(self) -> dict[str, int]:
+        """Bytes on disk per array and for the catalog."""
+        out: dict[str, int] = {}
+        for rel in self.manifest["arrays"]:
+            root = self.path / "arrays.zarr" / rel
+            out[rel] = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+        out["catalog.lmdb"] = sum(f.stat().st_size for f in (self.path / "catalog.lmdb").glob("*"))
+        return out
+
+    def close(self) -> None:
+        for v in self._cache.values():
+            if isinstance(v, RawArray):
+                v.close()
+        self._cache.clear()

@@ -1,0 +1,1 @@
+"""The ooc command-line tools."""
