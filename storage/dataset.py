@@ -43,6 +43,8 @@ ARRAY_NAMES = {
     "valid": "nodes/splits/valid",
     "test": "nodes/splits/test",
     "partition_offsets": "partitions/offsets",
+    "edge_weight": "edges/weight",
+    "node_type": "nodes/type",
 }
 SPLITS = ("train", "valid", "test")
 
@@ -366,6 +368,15 @@ class Dataset:
         """int64 [P+1] stored partition boundaries, or None."""
         return self.load("partition_offsets") if self.has("partition_offsets") else None
 
+    def id_map(self) -> "IdMap":
+        """The external-id map (:class:`~ooc.storage.idmap.IdMap`; close it after use).
+
+        Raises:
+            KeyError: the dataset was converted with dense ids (no map).
+        """
+        from ooc.storage.idmap import IdMap
+        return IdMap(self.path, self.manifest)
+
     def degrees(self) -> np.ndarray:
         """int64 [N] in-degrees."""
         ip = self.indptr
@@ -400,10 +411,13 @@ class Dataset:
                 bad = block[(block < 0) | (block >= n)][0]
                 problems.append(f"topology/indices holds node id {bad} outside [0, {n})")
                 break
-        for name in ("features", "labels"):
+        for name in ("features", "labels", "node_type"):
             rel = ARRAY_NAMES[name]
             if rel in arrays and arrays[rel]["shape"][0] != n:
                 problems.append(f"{rel} has {arrays[rel]['shape'][0]} rows, expected {n}")
+        rel = ARRAY_NAMES["edge_weight"]
+        if rel in arrays and arrays[rel]["shape"][0] != self.num_edges:
+            problems.append(f"{rel} has {arrays[rel]['shape'][0]} rows, expected E = {self.num_edges}")
         seen: dict[str, np.ndarray] = {}
         for s in SPLITS:
             if ARRAY_NAMES[s] in arrays:

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ooc.kernels.graph import build_csc
+from ooc.kernels.graph import build_csc, index_dtype_for, take_edges
 from ooc.storage.dataset import DatasetWriter
 from ooc.tools.planetoid import read_planetoid
 
-__all__ = ["convert_planetoid", "write_graph_dataset"]
+__all__ = ["convert_planetoid", "write_graph_dataset", "convert_edgelist", "convert_numpy",
+           "convert_ogb", "convert_geom_gcn", "GraphOptions", "NodeInputs", "parse_node_types"]
 
 log = logging.getLogger("ooc.convert")
 
@@ -85,3 +86,834 @@ def convert_planetoid(raw_dir: str | Path, name: str, out: str | Path, overwrite
     log.info("converted %s: %d nodes, %d directed edges in %.2f s", name, data.features.shape[0],
              data.src.shape[0], time.perf_counter() - t0)
     return path
+
+
+# ====================================================================== streaming converters (issue 3)
+import shutil  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from typing import Iterator, Sequence  # noqa: E402
+
+import lmdb  # noqa: E402
+
+from ooc.storage.idmap import write_int_id_map, write_str_id_map  # noqa: E402
+from ooc.tools.readers import (InputError, NumpyEdges, TextTable, _pread_into,  # noqa: E402
+                               load_array, read_string_pairs)
+from ooc.tools.streaming import (DEFAULT_CHUNK_EDGES, EdgeChunk, SpoolWriter,  # noqa: E402
+                                 SymmetricSource, build_csc_to_writer, parse_bytes,
+                                 rank_of, spool_with_id_map)
+
+ID_MODES = ("dense", "map", "string", "typed")
+
+
+@dataclass
+class GraphOptions:
+    """Options shared by every ``ooc convert`` input format.
+
+    Attributes:
+        num_nodes: declared N (ids must be below it); ``None`` = max id + 1, or the id map's size.
+        ids: ``dense`` (ids are 0..N-1, or 1..N with ``one_based``), ``map`` (sparse 64-bit integers,
+            renumbered order-preservingly), ``string`` (any token, renumbered in byte order), ``typed``
+            (per-type local ids, see ``node_types``).
+        one_based: ids start at 1 (an id 0 is an error).
+        undirected: symmetrise (every edge in both directions) and deduplicate.
+        self_loops: ``keep`` or ``remove``.
+        dedup: keep one of each repeated ``(src, dst)`` pair.
+        feat_dtype: ``float32`` or ``float16`` on disk.
+        nan_policy: ``error`` (NaN/inf features are rejected with their row) or ``zero`` (replaced by 0).
+        memory_budget: bytes (or "2GB") for the CSC build and id collection.
+        partitions: store P contiguous partitions (``partitions/offsets``), or none.
+        node_types: typed nodes ``[(name, count), ...]`` (internal id = type offset + local id).
+        src_type, dst_type: node types of the edge columns (with ``ids="typed"``).
+        chunk_edges: edges per streamed chunk; chunk_bytes: bytes per text block.
+    """
+
+    num_nodes: int | None = None
+    ids: str = "dense"
+    one_based: bool = False
+    undirected: bool = False
+    self_loops: str = "keep"
+    dedup: bool = False
+    feat_dtype: str = "float32"
+    nan_policy: str = "error"
+    memory_budget: int | str = "2GB"
+    partitions: int | None = None
+    node_types: list[tuple[str, int]] = field(default_factory=list)
+    src_type: str | None = None
+    dst_type: str | None = None
+    chunk_edges: int = DEFAULT_CHUNK_EDGES
+    chunk_bytes: int = 16 << 20
+    progress: bool = False
+    name: str | None = None
+
+    def validate(self) -> None:
+        if self.ids not in ID_MODES:
+            raise ValueError(f"--ids must be one of {ID_MODES}, got {self.ids!r}")
+        if self.self_loops not in ("keep", "remove"):
+            raise ValueError(f"--self-loops must be keep or remove, got {self.self_loops!r}")
+        if self.feat_dtype not in ("float32", "float16"):
+            raise ValueError(f"--feat-dtype must be float32 or float16, got {self.feat_dtype!r}")
+        if self.nan_policy not in ("error", "zero"):
+            raise ValueError(f"--nan-policy must be error or zero, got {self.nan_policy!r}")
+        if self.ids == "typed":
+            if not self.node_types or self.src_type is None or self.dst_type is None:
+                raise ValueError("--ids typed needs --node-types, --src-type and --dst-type")
+            names = [t for t, _ in self.node_types]
+            for t in (self.src_type, self.dst_type):
+                if t not in names:
+                    raise ValueError(f"node type {t!r} not in --node-types {names}")
+        if self.num_nodes is not None and self.num_nodes < 0:
+            raise ValueError(f"--num-nodes must be >= 0, got {self.num_nodes}")
+
+
+def parse_node_types(spec: str) -> list[tuple[str, int]]:
+    """``"user:3,item:4"`` -> ``[("user", 3), ("item", 4)]``.
+
+    Raises:
+        ValueError: malformed spec.
+    """
+    out = []
+    for part in spec.split(","):
+        name, _, count = part.partition(":")
+        if not name or not count.strip().isdigit():
+            raise ValueError(f"--node-types entries are NAME:COUNT, got {part!r}")
+        out.append((name.strip(), int(count)))
+    return out
+
+
+@dataclass
+class NodeInputs:
+    """Node-role inputs (never classified by length: every array here has one row per node).
+
+    Attributes:
+        labels: a text table path (``label_cols`` = id column, label column) or a ``.npy`` [N].
+        features: a ``.npy`` [N, D] (rows in node-id order; dense ids only) or an array.
+        splits: ``{"train"|"valid"|"test": path}``: text (ids in column 0) or ``.npy`` (ids, or a
+            bool mask [N]).
+    """
+
+    labels: str | Path | None = None
+    label_cols: tuple[int | str, int | str] = (0, 1)
+    features: str | Path | np.ndarray | None = None
+    splits: dict[str, str | Path] = field(default_factory=dict)
+
+
+class _Job:
+    """One conversion: the atomic writer, its scratch directory, the id space and the manifest."""
+
+    def __init__(self, out: str | Path, opts: GraphOptions, overwrite: bool, source_format: str) -> None:
+        opts.validate()
+        self.opts = opts
+        self.budget = parse_bytes(opts.memory_budget)
+        self.w = DatasetWriter(out, overwrite=overwrite)
+        self.work = self.w.tmp / "_work"
+        self.work.mkdir()
+        self.manifest: dict = {"source_format": source_format}
+        self.num_nodes: int | None = opts.num_nodes
+        self.sorted_ids: np.ndarray | None = None  # map mode
+        self.type_offsets: dict[str, int] = {}
+        if opts.ids == "typed":
+            off = 0
+            recs = []
+            for t, c in opts.node_types:
+                self.type_offsets[t] = off
+                recs.append({"name": t, "offset": off, "count": c})
+                off += c
+            if self.num_nodes is not None and self.num_nodes != off:
+                raise ValueError(f"--num-nodes {self.num_nodes} disagrees with --node-types ({off} nodes)")
+            self.num_nodes = off
+            self.manifest["node_types"] = recs
+            self.manifest["id_map"] = {"kind": "typed"}
+
+    # ------------------------------------------------------------ id handling (dense / typed)
+    def dense_ids(self, ids: np.ndarray, where: Callable[[int], str], kind: str = "node") -> np.ndarray:
+        """Validate and shift raw integer ids (one-based, declared N); ``where(i)`` names row i."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size == 0:
+            return ids
+        if ids.min() < 0:
+            i = int(np.argmax(ids < 0))
+            raise InputError(f"{where(i)}: negative {kind} id {ids[i]}")
+        if self.opts.one_based:
+            if ids.min() == 0:
+                i = int(np.argmax(ids == 0))
+                raise InputError(f"{where(i)}: {kind} id 0 with --one-based (ids start at 1)")
+            ids = ids - 1
+        n = self.num_nodes
+        if n is not None and ids.size and ids.max() >= n:
+            i = int(np.argmax(ids >= n))
+            raise InputError(f"{where(i)}: {kind} id {ids[i] + (1 if self.opts.one_based else 0)} >= "
+                             f"node count {n}")
+        return ids
+
+    def typed_ids(self, ids: np.ndarray, t: str, where: Callable[[int], str]) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64)
+        if self.opts.one_based:
+            if ids.size and ids.min() == 0:
+                i = int(np.argmax(ids == 0))
+                raise InputError(f"{where(i)}: {t} id 0 with --one-based")
+            ids = ids - 1
+        count = dict(self.opts.node_types)[t]
+        bad = (ids < 0) | (ids >= count)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise InputError(f"{where(i)}: {t} id {ids[i]} outside [0, {count})")
+        return ids + self.type_offsets[t]
+
+    def map_ids(self, ids: np.ndarray, where: Callable[[int], str]) -> np.ndarray:
+        """External int64 ids -> internal (map mode); every id must be in the map."""
+        ids = np.asarray(ids, dtype=np.int64)
+        sid = self.sorted_ids
+        pos = rank_of(sid, ids)
+        ok = pos < sid.shape[0]
+        ok[ok] = np.asarray(sid[pos[ok]]) == ids[ok]
+        if not ok.all():
+            i = int(np.argmax(~ok))
+            raise InputError(f"{where(i)}: id {ids[i]} is not a node of the graph")
+        return pos.astype(np.int64)
+
+    def set_map(self, ids: np.ndarray) -> None:
+        """Adopt the sorted distinct external ids as the node set and store the LMDB id map."""
+        if self.opts.num_nodes is not None and self.opts.num_nodes != ids.shape[0]:
+            raise InputError(f"--num-nodes {self.opts.num_nodes} but the inputs hold {ids.shape[0]} "
+                             "distinct ids")
+        self.sorted_ids = ids
+        self.num_nodes = int(ids.shape[0])
+        write_int_id_map(self.w.tmp / "catalog.lmdb", ids)
+        self.manifest["id_map"] = {"kind": "int64", "order": "ascending external id"}
+
+    # ------------------------------------------------------------ node inputs
+    def read_label_table(self, path: str | Path, cols: Sequence[int | str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ids int64, labels int64, lines) of a text label table (ids not yet mapped)."""
+        t = TextTable(path, list(cols), ["int", "int"], header="auto",
+                      block_bytes=self.opts.chunk_bytes)
+        blk = t.read_all()
+        return blk.ints[:, 0], blk.ints[:, 1], blk.lines
+
+    def write_graph(self, source: object, name: str, nodes: NodeInputs,
+                    labels_in: tuple[np.ndarray, np.ndarray] | None = None,
+                    features_rows: Iterator[tuple[int, np.ndarray]] | None = None,
+                    feat_shape: tuple[int, int] | None = None,
+                    split_ids: dict[str, np.ndarray] | None = None,
+                    num_classes: int | None = None) -> Path:
+        """Build the CSC from ``source``, write node arrays, commit.  ``labels_in`` = (internal ids,
+        labels); ``split_ids`` = internal ids per split (already validated)."""
+        opts = self.opts
+        n = int(self.num_nodes or 0)
+        sym = SymmetricSource(source, opts.undirected, opts.self_loops == "remove")
+        stats = build_csc_to_writer(sym, n, self.w, self.work, dedup=opts.dedup or opts.undirected,
+                                    memory_budget=self.budget, progress=opts.progress)
+        # features
+        if features_rows is not None:
+            assert feat_shape is not None
+            if feat_shape[0] is not None and feat_shape[0] != n:
+                raise InputError(f"{self._feat_name}: {feat_shape[0]} feature rows but the graph has "
+                                 f"{n} nodes")
+            fw = self.w.array_writer("features", opts.feat_dtype, (feat_shape[1],), expected_rows=n)
+            for start, rows in features_rows:
+                if start + rows.shape[0] > n:
+                    raise InputError(f"{self._feat_name}: more than {n} feature rows (the graph has "
+                                     f"{n} nodes)")
+                rows = np.asarray(rows)
+                if rows.dtype.kind not in "fiub":
+                    raise InputError(f"{self._feat_name}: features of dtype {rows.dtype}")
+                if rows.dtype.kind == "f":
+                    bad = ~np.isfinite(rows)
+                    if bad.any():
+                        if opts.nan_policy == "error":
+                            r = int(np.argwhere(bad)[0][0])
+                            raise InputError(f"{self._feat_name}: row {start + r}: non-finite feature "
+                                             f"value {rows[r][bad[r]][0]} (use --nan-policy zero)")
+                        rows = np.where(bad, 0, rows)
+                fw.append(rows.astype(opts.feat_dtype))
+            if fw.rows != n:
+                raise InputError(f"{self._feat_name}: {fw.rows} feature rows but the graph has {n} nodes")
+            self.w.finish_array(fw)
+        # labels
+        ncls = num_classes
+        if labels_in is not None:
+            ids, lab = labels_in
+            labels = np.full(n, -1, dtype=np.int32)
+            labels[ids] = lab
+            self.w.write_array("labels", labels)
+            if ncls is None:
+                ncls = int(lab.max()) + 1 if lab.size else 0
+        for s, ids in (split_ids or {}).items():
+            self.w.write_array(s, np.unique(np.asarray(ids, dtype=np.int64)))
+        if opts.ids == "typed":
+            nt = np.repeat(np.arange(len(opts.node_types), dtype=np.int16),
+                           [c for _, c in opts.node_types])
+            self.w.write_array("node_type", nt)
+        if opts.partitions:
+            from ooc.buffer import contiguous_partitions
+            self.w.write_array("partition_offsets", contiguous_partitions(n, opts.partitions))
+        env = getattr(self, "_str_env", None)
+        if env is not None:
+            env.close()
+        shutil.rmtree(self.work, ignore_errors=True)
+        man = dict(self.manifest)
+        man.update({"name": opts.name or name, "num_nodes": n, "num_classes": int(ncls or 0),
+                    "directed_edges": stats["num_edges"], "input_edges": stats["input_edges"],
+                    "undirected": opts.undirected, "self_loops": opts.self_loops,
+                    "dedup": bool(opts.dedup or opts.undirected),
+                    "build": {"buckets": stats["buckets"], "memory_budget": self.budget,
+                              "seconds": stats["seconds"]}})
+        path = self.w.commit(**man)
+        log.info("converted %s: %d nodes, %d directed edges in %.2f s", name, n, stats["num_edges"],
+                 stats["seconds"]["total"])
+        return path
+
+    _feat_name = "features"
+
+    def features_from_array(self, feat: str | Path | np.ndarray) -> tuple[Iterator, tuple[int, int]]:
+        if self.opts.ids in ("map", "string"):
+            raise InputError(f"{feat if not isinstance(feat, np.ndarray) else 'features'}: feature rows "
+                             "are in node-id order, which needs dense ids (--ids dense)")
+        arr = feat if isinstance(feat, np.ndarray) else load_array(feat)
+        self._feat_name = "features" if isinstance(feat, np.ndarray) else str(feat)
+        if arr.ndim == 1:
+            arr = arr[:, None]
+        if arr.ndim != 2:
+            raise InputError(f"{self._feat_name}: features must be [N, D], got shape {arr.shape}")
+        step = max(1, (64 << 20) // max(arr.shape[1] * arr.dtype.itemsize, 1))
+
+        def rows() -> Iterator[tuple[int, np.ndarray]]:
+            mm = isinstance(arr, np.memmap) and arr.flags.c_contiguous
+            for a in range(0, arr.shape[0], step):
+                if mm:  # positioned reads: file pages do not pile up in the resident set
+                    blk = np.empty((min(step, arr.shape[0] - a), arr.shape[1]), dtype=arr.dtype)
+                    _pread_into(arr.filename, arr.offset + a * arr.shape[1] * arr.dtype.itemsize, blk)
+                    yield a, blk
+                else:
+                    yield a, np.asarray(arr[a:a + step])
+        return rows(), (int(arr.shape[0]), int(arr.shape[1]))
+
+    def split_ids_from(self, splits: dict[str, str | Path], resolve: Callable) -> dict[str, np.ndarray]:
+        """Read split files: text (ids in column 0) or ``.npy`` (ids, or bool mask [N])."""
+        out = {}
+        for s, path in splits.items():
+            if s not in ("train", "valid", "test"):
+                raise ValueError(f"unknown split {s!r} (train, valid, test)")
+            p = Path(path)
+            if p.suffix in (".npy", ".npz"):
+                arr = np.asarray(load_array(p, mmap=False))
+                if arr.dtype == bool:
+                    if arr.shape != (self.num_nodes,):
+                        raise InputError(f"{p}: boolean mask of shape {arr.shape}, expected "
+                                         f"({self.num_nodes},)")
+                    out[s] = np.flatnonzero(arr)
+                    continue
+                if arr.dtype.kind not in "iu":
+                    raise InputError(f"{p}: split ids of dtype {arr.dtype}, expected integers")
+                out[s] = resolve(arr.reshape(-1), lambda i, p=p: f"{p}: row {i}")
+            else:
+                t = TextTable(p, [0], ["int"], header="auto", block_bytes=self.opts.chunk_bytes)
+                blk = t.read_all()
+                out[s] = resolve(blk.ints[:, 0], lambda i, p=p, L=blk.lines: f"{p}:{L[i]}")
+        return out
+
+
+from typing import Callable  # noqa: E402
+
+
+def _where_line(path: Path, lines: np.ndarray) -> Callable[[int], str]:
+    return lambda i: f"{path}:{int(lines[i])}"
+
+
+def convert_edgelist(path: str | Path, out: str | Path, opts: GraphOptions | None = None,
+                     nodes: NodeInputs | None = None, sep: str | None = None, comments: str = "#%",
+                     header: bool | str = "auto", skip_rows: int = 0, src_col: int | str = 0,
+                     dst_col: int | str = 1, weight_col: int | str | None = None,
+                     overwrite: bool = False) -> Path:
+    """Convert a text edge list (plain or ``.gz``) into a dataset, streaming.
+
+    Lines hold ``src dst [more fields]`` separated by whitespace runs, tabs or commas (or ``sep``);
+    ``#`` / ``%`` comment lines, blank lines and trailing whitespace are skipped; a header row
+    (auto-detected, or ``header=True``) names the columns, which ``src_col`` / ``dst_col`` /
+    ``weight_col`` may then use.  Ids are handled as ``opts.ids`` says (dense, map, string, typed).
+
+    Returns:
+        The dataset path.
+
+    Raises:
+        InputError: malformed input, naming file and line (nothing is written).
+        FileExistsError: ``out`` exists and not ``overwrite``.
+    """
+    opts = opts or GraphOptions()
+    nodes = nodes or NodeInputs()
+    p = Path(path)
+    job = _Job(out, opts, overwrite, "edgelist")
+    with job.w:
+        for f in [p] + [Path(x) for x in (nodes.labels, *nodes.splits.values()) if x is not None] + \
+                ([Path(nodes.features)] if isinstance(nodes.features, (str, Path)) else []):
+            if not f.is_file():
+                raise InputError(f"{f}: no such file")
+        has_w = weight_col is not None
+        labels_in = None
+        if opts.ids == "string":
+            source, labels_in, resolve = _string_edges(job, p, sep, comments, header, skip_rows,
+                                                       src_col, dst_col, nodes)
+        else:
+            cols = [src_col, dst_col] + ([weight_col] if has_w else [])
+            kinds = ["int", "int"] + (["float"] if has_w else [])
+            table = TextTable(p, cols, kinds, sep=sep, comments=comments, header=header,
+                              skip_rows=skip_rows, block_bytes=opts.chunk_bytes)
+            spool = SpoolWriter(job.work, "edges", has_w)
+            lab = None
+            if nodes.labels is not None and Path(nodes.labels).suffix not in (".npy", ".npz"):
+                lab = job.read_label_table(nodes.labels, nodes.label_cols)
+            if opts.ids == "map":
+                source, ids = spool_with_id_map(
+                    ((b.ints[:, 0], b.ints[:, 1], b.floats[:, 0] if has_w else None)
+                     for b in table.blocks()), job.work, job.budget // 8, has_w, opts.chunk_edges,
+                    [lab[0]] if lab is not None else [])
+                job.set_map(ids)
+                resolve = job.map_ids
+            else:
+                max_id = -1
+                for blk in table.blocks():
+                    where = _where_line(p, blk.lines)
+                    if opts.ids == "typed":
+                        s = job.typed_ids(blk.ints[:, 0], opts.src_type, where)
+                        d = job.typed_ids(blk.ints[:, 1], opts.dst_type, where)
+                    else:
+                        s = job.dense_ids(blk.ints[:, 0], where, "source")
+                        d = job.dense_ids(blk.ints[:, 1], where, "destination")
+                    if s.size:
+                        max_id = max(max_id, int(s.max()), int(d.max()))
+                    spool.append(s, d, blk.floats[:, 0] if has_w else None)
+                source = spool.close(opts.chunk_edges)
+                resolve = job.dense_ids
+                if lab is not None:
+                    lab = (job.dense_ids(lab[0], _where_line(Path(nodes.labels), lab[2])), lab[1], lab[2])
+                    max_id = max(max_id, int(lab[0].max()) if lab[0].size else -1)
+                if job.num_nodes is None:
+                    job.num_nodes = max_id + 1
+            if lab is not None:
+                if opts.ids == "map":
+                    labels_in = (job.map_ids(lab[0], _where_line(Path(nodes.labels), lab[2])), lab[1])
+                else:
+                    labels_in = (lab[0], lab[1])
+        if nodes.labels is not None and Path(nodes.labels).suffix in (".npy", ".npz"):
+            labels_in = _label_array(job, nodes.labels)
+        feats, shape = (job.features_from_array(nodes.features) if nodes.features is not None
+                        else (None, None))
+        split_ids = job.split_ids_from(nodes.splits, resolve)
+        job.w.add_source(p)
+        for f in (nodes.labels, nodes.features, *nodes.splits.values()):
+            if isinstance(f, (str, Path)):
+                job.w.add_source(f)
+        return job.write_graph(source, p.stem, nodes, labels_in, feats, shape, split_ids)
+
+
+def _label_array(job: _Job, path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    if job.opts.ids in ("map", "string"):
+        raise InputError(f"{path}: a label array is in node-id order, which needs dense ids")
+    lab = np.asarray(load_array(path, mmap=False))
+    if lab.ndim != 1 or lab.shape[0] != job.num_nodes:
+        raise InputError(f"{path}: label array of shape {lab.shape}, expected ({job.num_nodes},)")
+    if lab.dtype.kind not in "iu":
+        raise InputError(f"{path}: labels of dtype {lab.dtype}, expected integers")
+    return np.arange(job.num_nodes, dtype=np.int64), lab.astype(np.int64)
+
+
+def _string_edges(job: _Job, p: Path, sep: str | None, comments: str, header: bool | str,
+                  skip_rows: int, src_col: int | str, dst_col: int | str,
+                  nodes: NodeInputs) -> tuple:
+    """String ids: collect distinct tokens in a scratch LMDB (sorted, bounded memory), store the
+    map, then re-read the file and spool internal ids."""
+    hdr = header is True or (header == "auto" and (isinstance(src_col, str) and not src_col.isdigit()))
+    tmp_env = lmdb.open(str(job.work / "strings.lmdb"), map_size=1 << 40, subdir=True, lock=False)
+    lab_rows: list[tuple[str, str, int]] = []
+    try:
+        def add(tokens: set[str]) -> None:
+            with tmp_env.begin(write=True) as txn:
+                for t in tokens:
+                    txn.put(t.encode(), b"", overwrite=False)
+
+        for rows, _ in read_string_pairs(p, [src_col, dst_col], sep, comments, hdr, skip_rows):
+            add({t for r in rows for t in r})
+        if nodes.labels is not None and Path(nodes.labels).suffix not in (".npy", ".npz"):
+            lp = Path(nodes.labels)
+            lhdr = not isinstance(nodes.label_cols[0], int) and not str(nodes.label_cols[0]).isdigit()
+            for rows, first in read_string_pairs(lp, list(nodes.label_cols), sep, comments, lhdr):
+                for i, (tok, lab) in enumerate(rows):
+                    if not lab.lstrip("+").isdigit():
+                        raise InputError(f"{lp}: label {lab!r} of node {tok!r} is not a "
+                                         "non-negative integer")
+                    lab_rows.append((tok, lab, first + i))
+            add({t for t, _, _ in lab_rows})
+        with tmp_env.begin() as txn:
+            n = write_str_id_map(job.w.tmp / "catalog.lmdb",
+                                 (bytes(k) for k in txn.cursor().iternext(keys=True, values=False)))
+    finally:
+        tmp_env.close()
+        shutil.rmtree(job.work / "strings.lmdb", ignore_errors=True)
+    if job.opts.num_nodes is not None and job.opts.num_nodes != n:
+        raise InputError(f"--num-nodes {job.opts.num_nodes} but the inputs hold {n} distinct ids")
+    job.num_nodes = n
+    job.manifest["id_map"] = {"kind": "string", "order": "utf-8 byte order"}
+    from ooc.storage.idmap import FWD_DB
+    env = lmdb.open(str(job.w.tmp / "catalog.lmdb"), map_size=1 << 40, subdir=True, readonly=True,
+                    lock=False, max_dbs=4)
+    fwd = env.open_db(FWD_DB, create=False)
+
+    def lookup(tokens: Sequence[str], where: Callable[[int], str]) -> np.ndarray:
+        out = np.empty(len(tokens), dtype=np.int64)
+        with env.begin(db=fwd) as txn:
+            for i, t in enumerate(tokens):
+                v = txn.get(str(t).encode())
+                if v is None:
+                    raise InputError(f"{where(i)}: id {t!r} is not a node of the graph")
+                out[i] = int.from_bytes(v, "big")
+        return out
+
+    spool = SpoolWriter(job.work, "edges", False)
+    for rows, first in read_string_pairs(p, [src_col, dst_col], sep, comments, hdr, skip_rows):
+        ids = lookup([t for r in rows for t in r], lambda i: f"{p}: line >= {first}")
+        spool.append(ids[0::2], ids[1::2])
+    labels_in = None
+    if lab_rows:
+        ids = lookup([t for t, _, _ in lab_rows], lambda i: f"{nodes.labels}:{lab_rows[i][2]}")
+        labels_in = (ids, np.asarray([int(x) for _, x, _ in lab_rows], dtype=np.int64))
+
+    def resolve(ids: np.ndarray, where: Callable[[int], str]) -> np.ndarray:
+        return lookup([str(x) for x in ids.tolist()], where)
+    source = spool.close(job.opts.chunk_edges)
+    job._str_env = env  # closed with the process; read-only
+    return source, labels_in, resolve
+
+
+class _CheckedNumpySource:
+    """A :class:`NumpyEdges` streamed in chunks, ids validated (naming the row) and shifted."""
+
+    def __init__(self, edges: NumpyEdges, job: _Job, weight: np.ndarray | None, wpath: str) -> None:
+        self.edges = edges
+        self.job = job
+        self.weight = weight
+        self.has_weight = weight is not None
+        self.num_edges = edges.num_edges
+        self.chunk_edges = job.opts.chunk_edges
+
+    def chunks(self) -> Iterator[EdgeChunk]:
+        e = self.edges
+        job = self.job
+        if e.pairs is not None and job.opts.ids == "dense":
+            # fast path: one fused Numba pass per chunk (copy + shift + validate) in the index dtype
+            col_major = e.layout == "2xE"
+            n = -1 if job.num_nodes is None else int(job.num_nodes)
+            dt = index_dtype_for(n if n >= 0 else 2**62)
+            shift = 1 if job.opts.one_based else 0
+            self.max_id = -1
+            for a in range(0, e.num_edges, self.chunk_edges):
+                b = min(a + self.chunk_edges, e.num_edges)
+                block = e.pair_block(a, b)
+                s = np.empty(b - a, dtype=dt)
+                d = np.empty(b - a, dtype=dt)
+                bad, col, val, mx = take_edges(block, col_major, n, shift, s, d)
+                if bad >= 0:
+                    kind = "source" if col == 0 else "destination"
+                    if val - shift < 0:
+                        msg = (f"{kind} id 0 with --one-based (ids start at 1)" if val == 0 and shift
+                               else f"negative {kind} id {val}")
+                    else:
+                        msg = f"{kind} id {val} >= node count {n}"
+                    raise InputError(f"{e.path}: edge {a + bad}: {msg}")
+                self.max_id = max(self.max_id, int(mx))
+                w = None if self.weight is None else np.asarray(self.weight[a:b], dtype=np.float32)
+                yield EdgeChunk(s, d, w)
+            return
+        p = e.path
+        for a, s, d in e.chunks(self.chunk_edges):
+            where = (lambda i, a=a: f"{p}: edge {a + i}")
+            if job.opts.ids == "typed":
+                s = job.typed_ids(s, job.opts.src_type, where)
+                d = job.typed_ids(d, job.opts.dst_type, where)
+            else:
+                s = job.dense_ids(s, where, "source")
+                d = job.dense_ids(d, where, "destination")
+            w = None if self.weight is None else np.asarray(self.weight[a:a + s.shape[0]],
+                                                            dtype=np.float32)
+            yield EdgeChunk(s, d, w)
+
+
+def convert_numpy(path: str | Path, out: str | Path, opts: GraphOptions | None = None,
+                  nodes: NodeInputs | None = None, layout: str = "auto", key: str | None = None,
+                  edge_weights: str | Path | None = None, overwrite: bool = False) -> Path:
+    """Convert a NumPy edge array into a dataset, streaming (``.npy`` files are memory-mapped).
+
+    Args:
+        path: ``.npy`` COO array (2, E) or (E, 2), or ``.npz`` (``edge_index``, ``src``/``dst``,
+            ``row``/``col``, or CSR ``indptr``/``indices`` with rows as sources).
+        layout: ``auto``, ``2xE``, ``Ex2`` or ``csr``.
+        edge_weights: ``.npy`` float [E], an edge-role array (carried through sorting, symmetrisation
+            and deduplication).
+
+    Raises:
+        InputError: bad arrays (file and row named; nothing is written).
+    """
+    opts = opts or GraphOptions()
+    nodes = nodes or NodeInputs()
+    p = Path(path)
+    edges = NumpyEdges(p, layout, key)
+    job = _Job(out, opts, overwrite, "numpy")
+    with job.w:
+        weight = None
+        if edge_weights is not None:
+            weight = load_array(edge_weights)
+            if weight.shape != (edges.num_edges,):
+                raise InputError(f"{edge_weights}: edge weights of shape {weight.shape}, expected "
+                                 f"({edges.num_edges},) (one per edge)")
+        if opts.ids == "map":
+            source, ids = spool_with_id_map(
+                ((s, d, None if weight is None else weight[a:a + s.shape[0]])
+                 for a, s, d in edges.chunks(opts.chunk_edges)), job.work, job.budget // 8,
+                weight is not None, opts.chunk_edges)
+            job.set_map(ids)
+            resolve = job.map_ids
+        elif opts.ids == "string":
+            raise InputError(f"{p}: NumPy edge arrays hold integers; use --ids dense or map")
+        else:
+            source = _CheckedNumpySource(edges, job, weight, str(edge_weights))
+            resolve = job.dense_ids
+            if job.num_nodes is None:
+                mx = -1
+                for c in source.chunks():  # validation pass that also finds the largest id
+                    if c.src.size:
+                        mx = max(mx, int(c.src.max()), int(c.dst.max()))
+                job.num_nodes = mx + 1
+        labels_in = _label_array(job, nodes.labels) if nodes.labels is not None and \
+            Path(nodes.labels).suffix in (".npy", ".npz") else None
+        if nodes.labels is not None and labels_in is None:
+            ids, lab, lines = job.read_label_table(nodes.labels, nodes.label_cols)
+            labels_in = (resolve(ids, _where_line(Path(nodes.labels), lines)), lab)
+        feats, shape = (job.features_from_array(nodes.features) if nodes.features is not None
+                        else (None, None))
+        split_ids = job.split_ids_from(nodes.splits, resolve)
+        for f in (p, edge_weights, nodes.labels, nodes.features, *nodes.splits.values()):
+            if isinstance(f, (str, Path)):
+                job.w.add_source(f)
+        return job.write_graph(source, p.stem, nodes, labels_in, feats, shape, split_ids)
+
+
+# ---------------------------------------------------------------------------- OGB raw layout
+def _ogb_file(root: Path, *names: str) -> Path:
+    for n in names:
+        for cand in (root / "raw" / n, root / n):
+            if cand.is_file():
+                return cand
+    raise InputError(f"{root}: no {names[0]} (expected the OGB layout raw/{names[0]})")
+
+
+def convert_ogb(root: str | Path, out: str | Path, opts: GraphOptions | None = None,
+                scheme: str | None = None, overwrite: bool = False) -> Path:
+    """Convert an OGB node-property dataset in its raw folder layout, streaming.
+
+    Layout (as downloaded and unzipped by OGB)::
+
+        ROOT/raw/edge.csv.gz            "src,dst" per line, 0-based, no header
+        ROOT/raw/num-node-list.csv.gz   N (one graph)
+        ROOT/raw/node-feat.csv.gz       D comma-separated floats per node (optional)
+        ROOT/raw/node-label.csv.gz      one label per node, "nan" = unlabelled (optional)
+        ROOT/split/<scheme>/{train,valid,test}.csv.gz   node ids, one per line
+
+    Args:
+        scheme: split folder name (default: the only one under ``split/``).
+        opts: conversion options (``undirected`` for datasets OGB marks ``add_inverse_edge``).
+
+    Raises:
+        InputError: missing files, malformed lines (file and line), counts that disagree.
+    """
+    opts = opts or GraphOptions()
+    root = Path(root)
+    if not root.is_dir():
+        raise InputError(f"{root}: no such directory")
+    edge_f = _ogb_file(root, "edge.csv.gz", "edge.csv")
+    nn_f = _ogb_file(root, "num-node-list.csv.gz", "num-node-list.csv")
+    counts = TextTable(nn_f, [0], ["int"], header=False).read_all()
+    if counts.ints.shape[0] != 1:
+        raise InputError(f"{nn_f}: {counts.ints.shape[0]} graphs; only single-graph datasets convert")
+    n = int(counts.ints[0, 0])
+    if opts.num_nodes is not None and opts.num_nodes != n:
+        raise InputError(f"{nn_f}: {n} nodes but --num-nodes {opts.num_nodes}")
+    opts.num_nodes = n
+    if opts.ids != "dense":
+        raise InputError(f"{root}: OGB ids are dense 0..N-1; --ids {opts.ids} does not apply")
+    job = _Job(out, opts, overwrite, "ogb")
+    with job.w:
+        table = TextTable(edge_f, [0, 1], ["int", "int"], header=False, block_bytes=opts.chunk_bytes)
+        spool = SpoolWriter(job.work, "edges", False)
+        for blk in table.blocks():
+            where = _where_line(edge_f, blk.lines)
+            spool.append(job.dense_ids(blk.ints[:, 0], where, "source"),
+                         job.dense_ids(blk.ints[:, 1], where, "destination"))
+        source = spool.close(opts.chunk_edges)
+        sources = [edge_f, nn_f]
+        feats = shape = None
+        try:
+            feat_f: Path | None = _ogb_file(root, "node-feat.csv.gz", "node-feat.csv")
+        except InputError:
+            feat_f = None
+        if feat_f is not None:
+            probe = TextTable(feat_f, [0], ["float"], header=False)
+            d = probe.num_fields
+            ft = TextTable(feat_f, list(range(d)), ["float"] * d, header=False,
+                           block_bytes=opts.chunk_bytes)
+            job._feat_name = str(feat_f)
+
+            def feat_rows(ft: TextTable = ft) -> Iterator[tuple[int, np.ndarray]]:
+                r = 0
+                for blk in ft.blocks():
+                    yield r, blk.floats
+                    r += blk.floats.shape[0]
+            feats, shape = feat_rows(), (None, d)
+            sources.append(feat_f)
+        labels_in = None
+        try:
+            lab_f: Path | None = _ogb_file(root, "node-label.csv.gz", "node-label.csv")
+        except InputError:
+            lab_f = None
+        if lab_f is not None:
+            lt = TextTable(lab_f, [0], ["float"], header=False).read_all()
+            vals = lt.floats[:, 0]
+            if vals.shape[0] != n:
+                raise InputError(f"{lab_f}: {vals.shape[0]} label rows but the graph has {n} nodes")
+            ok = np.isfinite(vals)
+            bad = ok & ((vals < 0) | (vals != np.round(vals)))
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise InputError(f"{lab_f}:{int(lt.lines[i])}: label {vals[i]} is not a class index")
+            lab = np.where(ok, vals, -1).astype(np.int64)
+            labels_in = (np.arange(n, dtype=np.int64), lab)
+            sources.append(lab_f)
+        split_root = root / "split"
+        split_files: dict[str, Path] = {}
+        if split_root.is_dir():
+            schemes = sorted(p.name for p in split_root.iterdir() if p.is_dir())
+            if scheme is None and len(schemes) > 1:
+                raise InputError(f"{split_root}: several split schemes {schemes}; pass --scheme")
+            if scheme is None and schemes:
+                scheme = schemes[0]
+            if scheme is not None:
+                sdir = split_root / scheme
+                if not sdir.is_dir():
+                    raise InputError(f"{sdir}: no such split scheme (have {schemes})")
+                for s in ("train", "valid", "test"):
+                    for cand in (sdir / f"{s}.csv.gz", sdir / f"{s}.csv"):
+                        if cand.is_file():
+                            split_files[s] = cand
+                            break
+        split_ids = job.split_ids_from(split_files, job.dense_ids)
+        sources += list(split_files.values())
+        for f in sources:
+            job.w.add_source(f)
+        if scheme:
+            job.manifest["split_scheme"] = scheme
+        return job.write_graph(source, root.name, NodeInputs(), labels_in, feats, shape, split_ids)
+
+
+# ---------------------------------------------------------------------------- Geom-GCN layout
+def convert_geom_gcn(raw_dir: str | Path, out: str | Path, opts: GraphOptions | None = None,
+                     split: str | Path | None = None, feature_format: str = "auto",
+                     feat_dim: int | None = None, overwrite: bool = False) -> Path:
+    """Convert the Geom-GCN text layout (Chameleon, Squirrel, Actor/film, Cornell, Texas, Wisconsin).
+
+    Files: ``out1_node_feature_label.txt`` (header, then ``id<TAB>features<TAB>label`` with features a
+    comma-separated 0/1 vector, or for film a comma-separated list of active feature indices) and
+    ``out1_graph_edges.txt`` (header, then ``src<TAB>dst``); a split ``.npz`` holds ``train_mask``,
+    ``val_mask``, ``test_mask`` [N].  Geom-GCN reads the edges as an undirected graph, so pass
+    ``opts.undirected`` to reproduce its adjacency.
+
+    Args:
+        feature_format: ``dense`` (0/1 vector), ``indices`` (active indices), or ``auto`` (indices when
+            the header says ``feature_amount``, else dense).
+        feat_dim: feature dimension for ``indices`` (default: the largest index + 1).
+
+    Raises:
+        InputError: missing files, malformed lines (file and line), ids that are not 0..N-1.
+    """
+    opts = opts or GraphOptions()
+    raw = Path(raw_dir)
+    nf = raw / "out1_node_feature_label.txt"
+    ef = raw / "out1_graph_edges.txt"
+    for f in (nf, ef):
+        if not f.is_file():
+            raise InputError(f"{f}: no such file (expected the Geom-GCN layout)")
+    lines = nf.read_text().splitlines()
+    if not lines:
+        raise InputError(f"{nf}: no data lines (empty file)")
+    header = lines[0]
+    if feature_format == "auto":
+        feature_format = "indices" if "feature_amount" in header else "dense"
+    ids, labels, rows = [], [], []
+    for ln, text in enumerate(lines[1:], 2):
+        if not text.strip():
+            continue
+        parts = text.split("\t")
+        if len(parts) != 3:
+            raise InputError(f"{nf}:{ln}: expected 3 tab-separated fields, found {len(parts)}")
+        try:
+            ids.append(int(parts[0]))
+            labels.append(int(parts[2]))
+            vals = [int(x) for x in parts[1].split(",")] if parts[1].strip() else []
+        except ValueError:
+            raise InputError(f"{nf}:{ln}: non-integer id, label or feature: {text[:80]!r}") from None
+        rows.append(vals)
+    n = len(ids)
+    if n == 0:
+        raise InputError(f"{nf}: no data lines (empty file)")
+    id_arr = np.asarray(ids, dtype=np.int64)
+    if not np.array_equal(np.sort(id_arr), np.arange(n)):
+        raise InputError(f"{nf}: node ids are not 0..{n - 1} (each exactly once)")
+    if feature_format == "indices":
+        dim = feat_dim or (max((max(r) for r in rows if r), default=-1) + 1)
+        x = np.zeros((n, dim), dtype=np.float32)
+        for i, r in zip(ids, rows):
+            if r and (min(r) < 0 or max(r) >= dim):
+                raise InputError(f"{nf}: node {i}: feature index outside [0, {dim})")
+            x[i, r] = 1.0
+    else:
+        dims = {len(r) for r in rows}
+        if len(dims) != 1:
+            raise InputError(f"{nf}: feature vectors of different lengths {sorted(dims)}")
+        x = np.zeros((n, dims.pop()), dtype=np.float32)
+        x[id_arr] = np.asarray(rows, dtype=np.float32)
+    y = np.full(n, -1, dtype=np.int64)
+    y[id_arr] = labels
+    if opts.num_nodes is not None and opts.num_nodes != n:
+        raise InputError(f"{nf}: {n} nodes but --num-nodes {opts.num_nodes}")
+    opts.num_nodes = n
+    job = _Job(out, opts, overwrite, "geom-gcn")
+    with job.w:
+        table = TextTable(ef, [0, 1], ["int", "int"], sep="\t", header=True)
+        spool = SpoolWriter(job.work, "edges", False)
+        for blk in table.blocks():
+            where = _where_line(ef, blk.lines)
+            spool.append(job.dense_ids(blk.ints[:, 0], where, "source"),
+                         job.dense_ids(blk.ints[:, 1], where, "destination"))
+        source = spool.close(opts.chunk_edges)
+        split_ids: dict[str, np.ndarray] = {}
+        if split is not None:
+            sp = Path(split)
+            try:
+                with np.load(sp, allow_pickle=False) as z:
+                    for key, name in (("train_mask", "train"), ("val_mask", "valid"),
+                                      ("test_mask", "test")):
+                        if key not in z.files:
+                            raise InputError(f"{sp}: no {key} (has {z.files})")
+                        m = np.asarray(z[key]).astype(bool)
+                        if m.shape != (n,):
+                            raise InputError(f"{sp}: {key} of shape {m.shape}, expected ({n},)")
+                        split_ids[name] = np.flatnonzero(m)
+            except (OSError, ValueError) as e:
+                if isinstance(e, InputError):
+                    raise
+                raise InputError(f"{sp}: not a readable .npz ({e})") from None
+            job.manifest["split_file"] = sp.name
+        job._feat_name = str(nf)
+        feats, shape = job.features_from_array(x)
+        job._feat_name = str(nf)
+        for f in (nf, ef) + ((Path(split),) if split is not None else ()):
+            job.w.add_source(f)
+        return job.write_graph(source, raw.parent.name if raw.name == "geom_gcn" else raw.name,
+                               NodeInputs(), (np.arange(n, dtype=np.int64), y), feats, shape,
+                               split_ids)
