@@ -113,6 +113,15 @@ def test_snap_text(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert not (tmp_path / "b").exists()
 
 
+def test_matrix_market(tmp_path: Path) -> None:
+    (tmp_path / "g.mtx").write_text("%%MatrixMarket matrix coordinate pattern general\n% comment\n"
+                                    "5 5 3\n1 2\n2 3\n3 4\n")
+    ds = Dataset(convert_edgelist(tmp_path / "g.mtx", tmp_path / "ds"))
+    assert ds.num_nodes == 5  # declared by the size line, node 5 isolated
+    assert edges_of(ds) == [(0, 1), (1, 2), (2, 3)]
+    assert ds.manifest["source_format"] == "matrix-market"
+
+
 def test_undirected_carries_weights_labels_by_role(tmp_path: Path) -> None:
     np.save(tmp_path / "e.npy", np.array([[0, 1, 2], [1, 2, 0]]))
     np.save(tmp_path / "w.npy", np.array([0.5, 0.6, 0.7], dtype=np.float32))

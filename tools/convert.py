@@ -441,7 +441,12 @@ def convert_edgelist(path: str | Path, out: str | Path, opts: GraphOptions | Non
     opts = opts or GraphOptions()
     nodes = nodes or NodeInputs()
     p = Path(path)
-    job = _Job(out, opts, overwrite, "edgelist")
+    mm = _matrix_market_size(p)
+    if mm is not None:  # Matrix Market coordinate file: size line = header, 1-based, N declared
+        header, opts.one_based = True, True
+        if opts.ids == "dense" and opts.num_nodes is None:
+            opts.num_nodes = max(mm[0], mm[1])
+    job = _Job(out, opts, overwrite, "edgelist" if mm is None else "matrix-market")
     with job.w:
         for f in [p] + [Path(x) for x in (nodes.labels, *nodes.splits.values()) if x is not None] + \
                 ([Path(nodes.features)] if isinstance(nodes.features, (str, Path)) else []):
@@ -503,6 +508,35 @@ def convert_edgelist(path: str | Path, out: str | Path, opts: GraphOptions | Non
             if isinstance(f, (str, Path)):
                 job.w.add_source(f)
         return job.write_graph(source, p.stem, nodes, labels_in, feats, shape, split_ids)
+
+
+def _matrix_market_size(p: Path) -> tuple[int, int, int] | None:
+    """``(rows, cols, nnz)`` of a Matrix Market coordinate file, ``None`` for other files.
+
+    Raises:
+        InputError: a Matrix Market file that is not in coordinate format, or a bad size line.
+    """
+    from ooc.tools.readers import open_text
+    if not p.is_file():
+        return None
+    with open_text(p) as f:
+        first = f.readline()
+        if not first.startswith(b"%%MatrixMarket"):
+            return None
+        if b"coordinate" not in first.lower():
+            raise InputError(f"{p}:1: only coordinate Matrix Market files hold edge lists")
+        line_no = 1
+        for raw in iter(f.readline, b""):
+            line_no += 1
+            t = raw.strip()
+            if not t or t.startswith(b"%"):
+                continue
+            parts = t.split()
+            if len(parts) != 3 or not all(x.isdigit() for x in parts):
+                raise InputError(f"{p}:{line_no}: Matrix Market size line must be 'rows cols nnz'")
+            r, c, z = (int(x) for x in parts)
+            return r, c, z
+    raise InputError(f"{p}: Matrix Market file without a size line")
 
 
 def _label_array(job: _Job, path: str | Path) -> tuple[np.ndarray, np.ndarray]:
