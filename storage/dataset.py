@@ -434,11 +434,46 @@ class Dataset:
                 if common.size:
                     problems.append(f"splits {names[i]} and {names[j]} share {common.size} nodes "
                                     f"(first: {common[0]})")
+        problems += self._check_id_map()
         if ARRAY_NAMES["partition_offsets"] in arrays:
             off = self.raw("partition_offsets").read_all()
             if off.size < 2 or off[0] != 0 or off[-1] != n or np.any(np.diff(off) <= 0):
                 problems.append("partitions/offsets must rise strictly from 0 to N (no empty partition)")
         return problems
+
+    def _check_id_map(self) -> list[str]:
+        """The id map (if any) holds N entries in each direction; typed offsets tile [0, N)."""
+        rec = self.manifest.get("id_map")
+        if not rec:
+            return []
+        n = self.num_nodes
+        if rec.get("kind") == "typed":
+            types = self.manifest.get("node_types", [])
+            off = 0
+            for t in types:
+                if t["offset"] != off:
+                    return [f"node type {t['name']} starts at {t['offset']}, expected {off}"]
+                off += t["count"]
+            return [] if off == n else [f"node types cover {off} ids, expected N = {n}"]
+        import lmdb
+        from ooc.storage.idmap import FWD_DB, REV_DB
+        try:
+            env = lmdb.open(str(self.path / "catalog.lmdb"), readonly=True, lock=False, max_dbs=4,
+                            subdir=True)
+        except lmdb.Error as e:
+            return [f"id map unreadable: {e}"]
+        try:
+            counts = {}
+            for name in (FWD_DB, REV_DB):
+                try:
+                    db = env.open_db(name, create=False)
+                except lmdb.Error:
+                    return [f"id map table {name.decode()} missing"]
+                with env.begin(db=db) as txn:
+                    counts[name.decode()] = txn.stat(db)["entries"]
+        finally:
+            env.close()
+        return [f"id map {k} holds {v} entries, expected N = {n}" for k, v in counts.items() if v != n]
 
     def verify_checksums(self) -> list[str]:
         """Re-hash every chunk file against the catalog; returns problems naming array and chunk."""

@@ -203,6 +203,7 @@ def test_sparse_and_string_ids_consistent_across_files(tmp_path: Path) -> None:
     assert edges_of(ds) == [(0, 3), (1, 0), (3, 1)]
     assert ds.labels.tolist() == [1, 0, 1, 2]
     assert ds.split("train").tolist() == [1, 2]
+    assert ds.check_structure() == []
     with ds.id_map() as m:
         assert m.to_external([0, 1, 2, 3]) == [5, 17, 123, 900000000000]
     # string ids
