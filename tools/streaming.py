@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
+import threading
 import shutil
 import time
 from dataclasses import dataclass
@@ -316,6 +318,54 @@ def rank_of(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return out
 
 
+_END = object()
+
+
+def prefetched(chunks: Iterator, depth: int = 2) -> Iterator:
+    """Run the iterator ``chunks`` on a background thread, ``depth`` items ahead.
+
+    Reading (positioned reads, decompression) and the Numba kernels release the GIL, so with two
+    cores the next chunk is read while the current one is counted or scattered.  Exceptions raised
+    by the producer are re-raised in the consumer; closing the consumer stops the producer.
+    """
+    q: queue.Queue = queue.Queue(maxsize=max(int(depth), 1))
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in chunks:
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(_END)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            q.put(e)
+
+    t = threading.Thread(target=produce, name="ooc-prefetch", daemon=True)
+    t.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while t.is_alive():
+            try:
+                q.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        t.join()
+
+
 def _plan_buckets(deg: np.ndarray, cap_edges: int) -> np.ndarray:
     """Node boundaries [K+1] of consecutive destination ranges holding <= cap_edges edges each
     (a single node of larger degree gets a bucket of its own)."""
@@ -425,7 +475,7 @@ def build_csc_streaming(source: EdgeSource, num_nodes: int, out_indices: object,
     bar = tqdm(total=source.num_edges, unit="edge", unit_scale=True, disable=not progress,
                desc="count", dynamic_ncols=True)
     max_chunk = 1
-    for c in source.chunks():
+    for c in prefetched(source.chunks()):
         m = c.dst.shape[0]
         if m:
             lo, hi = int(c.dst.min()), int(c.dst.max())
@@ -438,7 +488,8 @@ def build_csc_streaming(source: EdgeSource, num_nodes: int, out_indices: object,
     bar.close()
     t_count = time.perf_counter() - t0
     # ---- plan
-    fixed = 8 * n * 2 + 4 * n + max_chunk * (2 * 8 + 2 * isz + (8 if has_w else 0))
+    # degree + bucket-of-node arrays, the chunk being processed, its scattered copy, 2 prefetched
+    fixed = 8 * n * 2 + 4 * n + max_chunk * (4 * 8 + 2 * isz + (12 if has_w else 0))
     per_edge = 3 * isz + (12 if has_w else 0)
     avail = memory_budget - fixed
     if total and avail < per_edge:
@@ -463,7 +514,7 @@ def build_csc_streaming(source: EdgeSource, num_nodes: int, out_indices: object,
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(deg, out=offsets[1:])
         pos = offsets[:-1].copy()
-        for c in source.chunks():
+        for c in prefetched(source.chunks()):
             kg.local_csc(c.src.astype(idx_dtype, copy=False), c.dst, empty_w if c.weight is None
                          else c.weight, 0, pos, out_src, out_w)
         del pos
@@ -485,7 +536,7 @@ def build_csc_streaming(source: EdgeSource, num_nodes: int, out_indices: object,
         files = [[bdir / f"b{b}.src", bdir / f"b{b}.dst", bdir / f"b{b}.w"] for b in range(k)]
         bar = tqdm(total=total, unit="edge", unit_scale=True, disable=not progress, desc="scatter",
                    dynamic_ncols=True)
-        for c in source.chunks():
+        for c in prefetched(source.chunks()):
             m = c.src.shape[0]
             s = np.empty(m, dtype=idx_dtype)
             d = np.empty(m, dtype=idx_dtype)
