@@ -312,7 +312,7 @@ class GATConv(nn.Module):
         e = self.leaky(a_src.index_select(0, src) + a_dst.index_select(0, dst))  # [E, H]
         alpha = self.attn_dropout(edge_softmax(dst, e, n_dst))
         msg = h.index_select(0, src) * alpha.unsqueeze(-1)     # [E, H, F]
-        out = h.new_zeros((n_dst, H, F))
+        out = msg.new_zeros((n_dst, H, F))
         if msg.shape[0]:
             out.index_add_(0, dst, msg)
         out = out.reshape(n_dst, H * F) if self.concat else out.mean(1)
