@@ -129,6 +129,11 @@ class BatchLoader:
         self.feat_norm = feat_norm
         self.stall_s = 0.0
 
+    def features(self, ids: np.ndarray) -> torch.Tensor:
+        """float32 [len(ids), D] input features of ``ids`` through the buffer (normalised as
+        configured); used by layer-wise inference."""
+        return self._features(ids)
+
     def _features(self, ids: np.ndarray) -> torch.Tensor:
         x = torch.from_numpy(self.buffer.gather(ids)).float()
         if self.feat_norm == "row":

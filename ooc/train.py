@@ -280,8 +280,10 @@ class NodeTask:
 
     def evaluate(self, model: GNN, device: torch.device) -> dict:
         if self.cfg.eval_mode == "layerwise":
-            from ooc.inference import evaluate_node_layerwise
-            return evaluate_node_layerwise(model, self, device)
+            from ooc.inference import IN_MEMORY_LIMIT, evaluate_node_layerwise
+            big = self.ds.num_nodes * max(model.dims[1:]) * 4 > IN_MEMORY_LIMIT
+            return evaluate_node_layerwise(model, self, device,
+                                           Path(self.cfg.output_dir) / "inference" if big else None)
         nl = len(self.cfg.fanouts)
         return {k: evaluate(model, self.data.loader, ids, nl, self.cfg.eval_batch_size, device,
                             self.multilabel)

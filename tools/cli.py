@@ -4,6 +4,9 @@
     ooc info DATASET
     ooc verify DATASET
     ooc train DATASET --model gcn --fanout 10,10 --partitions 4 --buffer-partitions 1 --output-dir RUN
+    ooc train --config run.yaml --set model.hidden=256       ooc train --resume RUN
+    ooc eval RUN                                             ooc predict RUN --out preds.zarr
+    ooc report RUN [RUN...] --out report/
     ooc demo
 
 Every command exits non-zero with a one-line error naming the offending file or option on bad input.
@@ -176,6 +179,28 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- eval / predict
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from ooc.inference import eval_run
+    res = eval_run(args.run, dataset=args.dataset, weights=args.weights, workdir=args.workdir,
+                   progress=not args.no_progress)
+    for k in sorted(k for k in res if k.startswith(("val_", "test_"))):
+        print(f"{k:<16} {res[k]:.4f}")
+    print(f"exact layer-wise inference over all nodes in {res['time_s']:.1f} s; "
+          f"{_human(res['bytes_read'])} of features read; results in {Path(args.run) / 'eval.json'}")
+    return 0
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from ooc.inference import predict_run
+    res = predict_run(args.run, args.out, what=args.what, dataset=args.dataset, weights=args.weights,
+                      workdir=args.workdir, progress=not args.no_progress)
+    for name, shape in res["arrays"].items():
+        print(f"{name:<10} {tuple(shape)}")
+    print(f"wrote {res['out']} (rows in original node id order)")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from ooc.tools.demo import run_demo
     return run_demo(args.workdir, nodes=args.nodes, epochs=args.epochs, seed=args.seed,
@@ -255,6 +280,31 @@ def build_parser() -> argparse.ArgumentParser:
                                     "Options: defaults < --config YAML < flags < --set.")
     _add_train_args(tr)
     tr.set_defaults(func=_cmd_train)
+
+    def run_args(q: argparse.ArgumentParser) -> None:
+        q.add_argument("run", help="run directory of `ooc train` (config.yaml, model.pt)")
+        q.add_argument("--dataset", help="dataset to run on instead of the configured one")
+        q.add_argument("--weights", choices=["best", "last"], default="best",
+                       help="best: model.pt (best validation); last: the latest checkpoint")
+        q.add_argument("--workdir", help="folder for the per-layer Zarr arrays (default RUN/inference, "
+                                         "removed afterwards)")
+        q.add_argument("--no-progress", action="store_true")
+
+    ev = sub.add_parser("eval", help="exact layer-wise inference of a trained run; validation/test scores",
+                        description="Full-neighbour inference over the whole graph, layer by layer, out "
+                                    "of core (each layer's embeddings written to a Zarr array).")
+    run_args(ev)
+    ev.set_defaults(func=_cmd_eval)
+
+    pr = sub.add_parser("predict", help="predictions and embeddings for every node (original id order)",
+                        description="Layer-wise inference; writes predictions, logits and embeddings "
+                                    "with rows in original node id order.")
+    run_args(pr)
+    pr.add_argument("--out", required=True, help="preds.npy (one array, see --what) or preds.zarr "
+                                                 "(group: pred, logits, embedding)")
+    pr.add_argument("--what", choices=["pred", "logits", "embedding"], default="pred",
+                    help="the array written to a .npy file (default: pred)")
+    pr.set_defaults(func=_cmd_predict)
 
     demo = sub.add_parser("demo", help="generate a synthetic graph, convert it, train out of core",
                           description="End-to-end run on an embedded synthetic default (no download).")
