@@ -170,7 +170,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         summary[f"{k}_std"] = float(np.std(vals))
     Path(base.output_dir).mkdir(parents=True, exist_ok=True)
     write_json_atomic(Path(base.output_dir) / "summary.json", summary)
-    for k in keys:
+    shown = [k for k in keys if k.startswith("test_") and k != "test_score"] or ["test_score"]
+    for k in shown:
         if k.startswith("test_"):
             v = k.replace("test_", "val_", 1)
             extra = f" (validation {100 * summary[v + '_mean']:.2f})" if v + "_mean" in summary else ""
@@ -198,6 +199,20 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     for name, shape in res["arrays"].items():
         print(f"{name:<10} {tuple(shape)}")
     print(f"wrote {res['out']} (rows in original node id order)")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from ooc.report import make_report
+    out = args.out or (str(Path(args.runs[0]) / "report") if len(args.runs) == 1 else "report")
+    try:
+        table, files = make_report(args.runs, out, plots=not args.no_plots)
+    except ImportError as e:
+        print(f"ooc report: error: {e}", file=sys.stderr)
+        return 2
+    print(table)
+    for f in files:
+        print(f"wrote {f}")
     return 0
 
 
@@ -305,6 +320,14 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--what", choices=["pred", "logits", "embedding"], default="pred",
                     help="the array written to a .npy file (default: pred)")
     pr.set_defaults(func=_cmd_predict)
+
+    rep = sub.add_parser("report", help="loss/accuracy curves, I/O-stall timeline (PNG), summary table",
+                         description="Compare training runs: curves.png, io.png and summary.md in --out; "
+                                     "a --repeat directory is one group (mean +- std over its seeds).")
+    rep.add_argument("runs", nargs="+", help="run directories (or --repeat directories)")
+    rep.add_argument("--out", help="output folder (default RUN/report for one run, else ./report)")
+    rep.add_argument("--no-plots", action="store_true", help="print the table only")
+    rep.set_defaults(func=_cmd_report)
 
     demo = sub.add_parser("demo", help="generate a synthetic graph, convert it, train out of core",
                           description="End-to-end run on an embedded synthetic default (no download).")
