@@ -1,10 +1,40 @@
-"""Training configuration: one dataclass, saved with every run."""
+"""Training configuration: one dataclass, every option, loadable from YAML and overridable.
+
+A run is configured by, in increasing precedence:
+
+1. the defaults below;
+2. a YAML file (``ooc train --config run.yaml``), nested by section or flat::
+
+       data:   {dataset: data/cora, partitions: 4, buffer_partitions: 1, feat_norm: row}
+       model:  {name: gat, hidden: 64, heads: 8, dropout: 0.6, attn_dropout: 0.6}
+       train:  {epochs: 200, lr: 0.005, patience: 100}
+       run:    {seed: 0, output_dir: runs/cora-gat}
+
+3. plain command-line flags (``--hidden 256``; every field has one, see ``ooc train --help``);
+4. ``--set section.key=value`` (or ``--set key=value``), values parsed as YAML scalars / lists.
+
+The resolved configuration is saved with the run (``RUN/config.yaml``, nested, reusable as
+``--config``; ``RUN/config.json``, flat).  Each field's section is in its metadata; a field without
+one (added later) lives in section ``train``.  Keys are the field names, except ``model.name`` (the
+``model`` field) -- so both ``model: gcn`` (flat) and ``model: {name: gcn}`` (nested) work.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import difflib
+import json
+import typing
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
 
-__all__ = ["TrainConfig", "parse_fanouts"]
+__all__ = ["TrainConfig", "parse_fanouts", "load_yaml", "SECTIONS", "ConfigError"]
+
+SECTIONS = ("data", "sampler", "model", "task", "train", "eval", "run")
+
+
+class ConfigError(ValueError):
+    """An unknown key or a value of the wrong type in a configuration."""
 
 
 def parse_fanouts(text: str | list[int]) -> list[int]:
@@ -13,11 +43,13 @@ def parse_fanouts(text: str | list[int]) -> list[int]:
     Raises:
         ValueError: an entry is not an integer, is 0 or below -1, or the list is empty.
     """
-    if isinstance(text, list):
+    if isinstance(text, (list, tuple)):
         vals = [int(v) for v in text]
+    elif isinstance(text, int) and not isinstance(text, bool):
+        vals = [text]
     else:
         try:
-            vals = [int(v) for v in str(text).split(",") if v.strip() != ""]
+            vals = [int(v) for v in str(text).strip("[]").split(",") if v.strip() != ""]
         except ValueError:
             raise ValueError(f"fanouts must be comma-separated integers, got {text!r}") from None
     if not vals:
@@ -28,54 +60,303 @@ def parse_fanouts(text: str | list[int]) -> list[int]:
     return vals
 
 
+def _opt(default: Any, section: str, help: str, key: str | None = None,
+         choices: tuple[str, ...] | None = None) -> Any:
+    meta = {"section": section, "help": help}
+    if key:
+        meta["key"] = key
+    if choices:
+        meta["choices"] = choices
+    if isinstance(default, list):
+        return field(default_factory=lambda d=default: list(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
 @dataclass
 class TrainConfig:
-    """Every option of a training run (see ``ooc train --help``).
+    """Every option of a training run (see ``ooc train --help`` and the module docstring).
 
     ``fanouts[0]`` is sampled around the seeds (the output layer), as in DGL and PyG; the model has
     ``len(fanouts)`` layers.  ``buffer_partitions`` of ``partitions`` feature partitions stay resident.
     """
 
-    dataset: str = ""
-    output_dir: str = "runs/latest"
-    model: str = "sage"
-    fanouts: list[int] = field(default_factory=lambda: [10, 10])
-    batch_size: int = 256
-    eval_batch_size: int = 1024
-    epochs: int = 10
-    lr: float = 0.01
-    weight_decay: float = 5e-4
-    hidden: int = 64
-    dropout: float = 0.5
-    seed: int = 0
-    partitions: int = 4
-    buffer_partitions: int = 2
-    io_threads: int = 1
-    prefetch: int = 2
-    replace: bool = False
-    feat_norm: str = "none"
-    topology: str = "memory"
-    eval_every: int = 1
-    progress: bool = True
+    # data path
+    dataset: str = _opt("", "data", "dataset directory written by `ooc convert`")
+    partitions: int = _opt(4, "data", "node partitions (contiguous id ranges unless stored)")
+    buffer_partitions: int = _opt(2, "data", "feature partitions resident in host memory")
+    io_threads: int = _opt(1, "data", "background partition loaders")
+    prefetch: int = _opt(2, "data", "batches built ahead (0 = synchronous)")
+    feat_norm: str = _opt("none", "data", "row: divide feature rows by their sum (Kipf & Welling)",
+                          choices=("none", "row"))
+    topology: str = _opt("memory", "data", "load the CSC topology into memory or map it from disk",
+                         choices=("memory", "mmap"))
+    # sampler
+    fanouts: list[int] = _opt([10, 10], "sampler",
+                              "neighbours per layer, output layer first; -1 = all")
+    batch_size: int = _opt(256, "sampler", "seeds (or positive edges) per training batch")
+    eval_batch_size: int = _opt(1024, "sampler", "nodes per evaluation / inference batch")
+    replace: bool = _opt(False, "sampler", "sample neighbours with replacement")
+    # model
+    model: str = _opt("sage", "model", "GNN layer type", key="name",
+                      choices=("sage", "gcn", "gat", "gin"))
+    hidden: int = _opt(64, "model", "hidden width (GAT: all heads together)")
+    dropout: float = _opt(0.5, "model", "dropout on every layer's input")
+    aggregator: str = _opt("mean", "model", "GraphSAGE aggregator", choices=("mean", "sum", "max"))
+    heads: int = _opt(8, "model", "GAT attention heads of hidden layers")
+    out_heads: int = _opt(1, "model", "GAT attention heads of the output layer (averaged)")
+    attn_dropout: float = _opt(0.0, "model", "GAT dropout on attention weights")
+    residual: bool = _opt(False, "model", "residual connection around every layer")
+    norm: str = _opt("none", "model", "normalisation after hidden layers",
+                     choices=("none", "batch", "layer"))
+    activation: str = _opt("relu", "model", "activation after hidden layers", choices=("relu", "elu"))
+    gin_eps: float = _opt(0.0, "model", "GIN initial epsilon")
+    gin_train_eps: bool = _opt(True, "model", "learn GIN's epsilon")
+    # task
+    task: str = _opt("node", "task", "node: node classification (multi-class, or multi-label when "
+                     "labels are [N, C]); link: link prediction", choices=("node", "link"))
+    decoder: str = _opt("dot", "task", "link decoder: dot product or DistMult",
+                        choices=("dot", "distmult"))
+    neg_ratio: int = _opt(1, "task", "link: uniform negative edges per positive in training")
+    val_frac: float = _opt(0.05, "task", "link: fraction of undirected edges held out for validation")
+    test_frac: float = _opt(0.10, "task", "link: fraction of undirected edges held out for test")
+    split_seed: int = _opt(0, "task", "link: seed of the edge split (fixed across --repeat seeds)")
+    eval_candidates: int = _opt(1000, "task",
+                                "link: random candidate tails each held-out edge is ranked against")
+    hits_k: list[int] = _opt([10, 20, 50], "task", "link: K of the reported Hits@K")
+    # optimisation
+    epochs: int = _opt(10, "train", "training epochs")
+    lr: float = _opt(0.01, "train", "learning rate")
+    weight_decay: float = _opt(5e-4, "train", "L2 penalty (Adam) / decoupled decay (AdamW)")
+    optimizer: str = _opt("adam", "train", "optimiser", choices=("adam", "adamw", "sgd"))
+    lr_schedule: str = _opt("none", "train", "learning-rate schedule, stepped once per epoch",
+                            choices=("none", "step", "cosine", "plateau"))
+    lr_step: int = _opt(50, "train", "step schedule: epochs between decays; plateau: patience")
+    lr_gamma: float = _opt(0.5, "train", "step / plateau decay factor")
+    patience: int = _opt(0, "train", "early stopping after N evaluations without a better "
+                         "validation score (0 = off)")
+    amp: bool = _opt(False, "train", "mixed precision (autocast + GradScaler) on CUDA; "
+                     "ignored on CPU")
+    device: str = _opt("auto", "train", "auto (CUDA when available), cpu or cuda[:i]")
+    threads: int = _opt(0, "train", "torch intra-op threads (0 = torch's default)")
+    # evaluation
+    eval_every: int = _opt(1, "eval", "evaluate every N epochs")
+    eval_mode: str = _opt("sampled", "eval", "per-epoch evaluation: sampled (full neighbourhoods of "
+                          "the evaluated seeds) or layerwise (all nodes, layer by layer)",
+                          choices=("sampled", "layerwise"))
+    # run
+    seed: int = _opt(0, "run", "seed of Python, NumPy, torch and the samplers")
+    output_dir: str = _opt("runs/latest", "run", "run directory")
+    checkpoint_every: int = _opt(0, "run", "also checkpoint every N training steps (0 = only at "
+                                 "epoch ends)")
+    progress: bool = _opt(True, "run", "progress bar")
 
+    # ------------------------------------------------------------------ conversions
     def to_dict(self) -> dict:
+        """Flat ``{field: value}``."""
         return asdict(self)
 
+    def to_nested(self) -> dict:
+        """``{section: {key: value}}`` in field order (the layout of ``RUN/config.yaml``)."""
+        out: dict[str, dict] = {}
+        for f in fields(self):
+            sec = f.metadata.get("section", "train")
+            out.setdefault(sec, {})[f.metadata.get("key", f.name)] = getattr(self, f.name)
+        return out
+
+    def to_yaml(self) -> str:
+        import yaml
+        return yaml.safe_dump(self.to_nested(), sort_keys=False, default_flow_style=False)
+
+    def save(self, run_dir: str | Path) -> None:
+        """Write ``config.yaml`` (nested) and ``config.json`` (flat) into ``run_dir`` atomically."""
+        import os
+        d = Path(run_dir)
+        for name, text in (("config.yaml", self.to_yaml()),
+                           ("config.json", json.dumps(self.to_dict(), indent=2, sort_keys=True))):
+            tmp = d / f".{name}.tmp-{os.getpid()}"
+            tmp.write_text(text)
+            os.replace(tmp, d / name)
+
+    # ------------------------------------------------------------------ updates
+    @classmethod
+    def field_types(cls) -> dict[str, Any]:
+        return typing.get_type_hints(cls)
+
+    @classmethod
+    def key_map(cls) -> dict[str, str]:
+        """Accepted key -> field name: ``name``, ``section.key`` and ``section.name`` spellings."""
+        m: dict[str, str] = {}
+        for f in fields(cls):
+            sec = f.metadata.get("section", "train")
+            key = f.metadata.get("key", f.name)
+            m[f.name] = f.name
+            m[f"{sec}.{key}"] = f.name
+            m[f"{sec}.{f.name}"] = f.name
+        return m
+
+    def update(self, values: dict, source: str = "config") -> "TrainConfig":
+        """Apply ``values`` (flat, dotted or nested by section) with type checking; returns self.
+
+        Raises:
+            ConfigError: unknown key (with the closest known key) or a value of the wrong type.
+        """
+        km = self.key_map()
+        flat: dict[str, Any] = {}
+
+        def walk(prefix: str, d: dict) -> None:
+            for k, v in d.items():
+                name = f"{prefix}{k}"
+                if isinstance(v, dict) and (name in SECTIONS or name not in km):
+                    walk(name + ".", v)
+                else:
+                    flat[name] = v
+
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: expected a mapping of options, got {type(values).__name__}")
+        walk("", values)
+        types = self.field_types()
+        for k, v in flat.items():
+            if k not in km:
+                close = difflib.get_close_matches(k, list(km), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"{source}: unknown option {k!r}{hint}")
+            name = km[k]
+            setattr(self, name, _coerce(name, types[name], v, source))
+        return self
+
+    def apply_sets(self, assignments: list[str]) -> "TrainConfig":
+        """Apply ``["model.hidden=256", "lr=0.005", ...]`` (values parsed as YAML).
+
+        Raises:
+            ConfigError: an entry without ``=``, an unknown key or a badly typed value.
+        """
+        import yaml
+        for a in assignments:
+            if "=" not in a:
+                raise ConfigError(f"--set {a!r}: expected KEY=VALUE")
+            k, v = a.split("=", 1)
+            try:
+                val = yaml.safe_load(v) if v.strip() else ""
+            except yaml.YAMLError:
+                val = v
+            self.update({k.strip(): val}, source=f"--set {a}")
+        return self
+
+    @classmethod
+    def from_sources(cls, yaml_path: str | Path | None = None, flags: dict | None = None,
+                     sets: list[str] | None = None) -> "TrainConfig":
+        """Defaults < YAML file < flags < ``--set`` (see the module docstring)."""
+        cfg = cls()
+        if yaml_path:
+            cfg.update(load_yaml(yaml_path), source=str(yaml_path))
+        if flags:
+            cfg.update(flags, source="command line")
+        if sets:
+            cfg.apply_sets(sets)
+        return cfg
+
+    # ------------------------------------------------------------------ checks
     def validate(self) -> None:
         """Raise ValueError on inconsistent options."""
-        if self.model not in ("sage", "gcn"):
-            raise ValueError(f"model must be sage or gcn, got {self.model!r}")
+        for f in fields(self):
+            ch = f.metadata.get("choices")
+            if ch and getattr(self, f.name) not in ch:
+                raise ValueError(f"{f.name} must be one of {', '.join(ch)}, got "
+                                 f"{getattr(self, f.name)!r}")
         self.fanouts = parse_fanouts(self.fanouts)
         for name in ("batch_size", "eval_batch_size", "epochs", "partitions", "buffer_partitions",
-                     "hidden", "eval_every"):
+                     "hidden", "eval_every", "heads", "out_heads", "eval_candidates"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("patience", "checkpoint_every", "threads", "neg_ratio", "lr_step"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.buffer_partitions > self.partitions:
             raise ValueError(f"--buffer-partitions {self.buffer_partitions} exceeds --partitions "
                              f"{self.partitions}")
-        if self.feat_norm not in ("none", "row"):
-            raise ValueError(f"feat_norm must be none or row, got {self.feat_norm!r}")
-        if self.topology not in ("memory", "mmap"):
-            raise ValueError(f"topology must be memory or mmap, got {self.topology!r}")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        for name in ("dropout", "attn_dropout"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.model == "gat" and self.hidden % self.heads:
+            raise ValueError(f"gat: hidden {self.hidden} must be divisible by heads {self.heads}")
+        if not (0 <= self.val_frac < 1 and 0 <= self.test_frac < 1 and
+                self.val_frac + self.test_frac < 1):
+            raise ValueError(f"val_frac {self.val_frac} + test_frac {self.test_frac} must be in [0, 1)")
+        if self.task == "link" and self.neg_ratio < 1:
+            raise ValueError("link prediction needs neg_ratio >= 1")
+        if not self.dataset:
+            raise ValueError("no dataset given (positional DATASET, data.dataset in --config, or "
+                             "--set data.dataset=PATH)")
+
+
+def load_yaml(path: str | Path) -> dict:
+    """Read a YAML configuration file (``yaml.safe_load``); an empty file is ``{}``.
+
+    Raises:
+        FileNotFoundError: no such file.  ConfigError: not YAML or not a mapping.
+    """
+    import yaml
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{p}: no such config file") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a mapping of options, got {type(data).__name__}")
+    return data
+
+
+def _coerce(name: str, tp: Any, v: Any, source: str) -> Any:
+    def bad() -> ConfigError:
+        return ConfigError(f"{source}: {name} expects {getattr(tp, '__name__', tp)}, got {v!r}")
+
+    if tp is bool:
+        if isinstance(v, bool):
+            return v
+        if isinstance(v, str) and v.lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+            return v.lower() in ("true", "yes", "on", "1")
+        if isinstance(v, int) and v in (0, 1):
+            return bool(v)
+        raise bad()
+    if tp is int:
+        if isinstance(v, bool):
+            raise bad()
+        if isinstance(v, int):
+            return v
+        if isinstance(v, float) and v.is_integer():
+            return int(v)
+        if isinstance(v, str):
+            try:
+                return int(v)
+            except ValueError:
+                raise bad() from None
+        raise bad()
+    if tp is float:
+        if isinstance(v, bool):
+            raise bad()
+        try:
+            return float(v)
+        except (TypeError, ValueError):
+            raise bad() from None
+    if tp is str:
+        if isinstance(v, (dict, list)):
+            raise bad()
+        return str(v)
+    if typing.get_origin(tp) is list:
+        try:
+            if name == "fanouts":
+                return parse_fanouts(v)
+            if isinstance(v, str):
+                v = [x for x in v.strip("[]").split(",") if x.strip()]
+            if not isinstance(v, (list, tuple)):
+                v = [v]
+            return [int(x) for x in v]
+        except (TypeError, ValueError):
+            raise bad() from None
+    return v

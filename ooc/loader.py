@@ -129,6 +129,11 @@ class BatchLoader:
         self.feat_norm = feat_norm
         self.stall_s = 0.0
 
+    def features(self, ids: np.ndarray) -> torch.Tensor:
+        """float32 [len(ids), D] input features of ``ids`` through the buffer (normalised as
+        configured); used by layer-wise inference."""
+        return self._features(ids)
+
     def _features(self, ids: np.ndarray) -> torch.Tensor:
         x = torch.from_numpy(self.buffer.gather(ids)).float()
         if self.feat_norm == "row":
@@ -151,10 +156,12 @@ class BatchLoader:
         t2 = time.perf_counter()
         return Batch(index, sg.seeds, blocks, x, y, sg.num_sampled_edges, t1 - t0, t2 - t1)
 
-    def iterate(self, plan: EpochPlan, epoch: int) -> Iterator[Batch]:
+    def iterate(self, plan: EpochPlan, epoch: int, start: int = 0) -> Iterator[Batch]:
         """Yield the plan's batches in order, built ``prefetch`` ahead on a background thread.
 
-        ``stall_s`` accumulates the time the consumer waited for a batch (I/O + sampling stall).
+        ``start`` skips the first batches (resuming mid-epoch: batch ``i`` is the same whatever the
+        start, since its random stream is keyed by its index).  ``stall_s`` accumulates the time the
+        consumer waited for a batch (I/O + sampling stall).
         """
         cap = self.buffer.capacity
 
@@ -165,7 +172,7 @@ class BatchLoader:
                                    upcoming=upcoming)
 
         if self.prefetch <= 0:
-            for i in range(len(plan.batches)):
+            for i in range(start, len(plan.batches)):
                 t = time.perf_counter()
                 b = build(i)
                 self.stall_s += time.perf_counter() - t
@@ -176,7 +183,7 @@ class BatchLoader:
 
         def produce() -> None:
             try:
-                for i in range(len(plan.batches)):
+                for i in range(start, len(plan.batches)):
                     if stop.is_set():
                         return
                     item = build(i)

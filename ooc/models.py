@@ -3,6 +3,20 @@
 A layer maps source-node features to destination-node features of one block:
 ``x: [num_src, F_in] -> [num_dst, F_out]``, float32; the destination nodes are the first ``num_dst``
 source nodes.  Nodes without sampled in-edges aggregate exactly 0.
+
+Layers: :class:`GCNConv` (Kipf & Welling, ICLR'17), :class:`SAGEConv` (Hamilton et al., NeurIPS'17;
+mean, max-pool and sum aggregators), :class:`GATConv` (Velickovic et al., ICLR'18; multi-head, edge
+softmax, attention dropout), :class:`GINConv` (Xu et al., ICLR'19; learnable epsilon).  :class:`GNN`
+stacks them with dropout, optional residual connections and normalisation, and exposes one layer at
+a time (:meth:`GNN.layer_forward`) for exact layer-wise inference (:mod:`ooc.inference`).
+
+Determinism: every gather is ``index_select`` and every sum ``index_add_``; both are deterministic on
+CPU, forward and backward, so a run's losses and weights are bit-identical whatever the buffer size,
+prefetch depth or thread timing (and a resumed run matches an uninterrupted one).
+
+Sum-type aggregators (SAGE ``sum``, GIN, GCN) estimate the full-neighbourhood sum from a sample: the
+sum over the ``s_v`` sampled in-edges is scaled by ``d_v / s_v`` (``d_v`` the full-graph in-degree),
+which is exact when all neighbours are sampled.  Mean, max and attention need no correction.
 """
 
 from __future__ import annotations
@@ -15,7 +29,8 @@ from torch import Tensor, nn
 
 from ooc.kernels.sampling import Block, SampledSubgraph
 
-__all__ = ["TorchBlock", "to_torch_blocks", "SAGEConv", "GCNConv", "GNN", "build_model"]
+__all__ = ["TorchBlock", "to_torch_blocks", "aggregate", "edge_softmax", "SAGEConv", "GCNConv",
+           "GATConv", "GINConv", "GNN", "build_model", "MODELS"]
 
 
 @dataclass
@@ -51,6 +66,18 @@ class TorchBlock:
         deg_src = torch.as_tensor(deg_src, dtype=torch.float32)
         return TorchBlock(num_src, num_dst, src_t, dst_t, deg_src, deg_src[:num_dst], sampled)
 
+    @property
+    def num_edges(self) -> int:
+        return int(self.src.shape[0])
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "TorchBlock":
+        """A copy with every tensor on ``device`` (the same object if already there)."""
+        if self.src.device == torch.device(device):
+            return self
+        return TorchBlock(self.num_src, self.num_dst,
+                          *(t.to(device, non_blocking=non_blocking) for t in
+                            (self.src, self.dst, self.deg_src, self.deg_dst, self.sampled)))
+
 
 def to_torch_blocks(sg: SampledSubgraph, degrees: np.ndarray) -> list[TorchBlock]:
     """Convert a :class:`SampledSubgraph` to tensors; ``degrees`` is int64 [N] full-graph in-degree."""
@@ -70,34 +97,103 @@ def _block_tensors(b: Block, deg_nodes: Tensor) -> TorchBlock:
 
 
 def _aggregate_sum(block: TorchBlock, msg: Tensor) -> Tensor:
-    """Sum edge messages [E, F] into destinations [num_dst, F] (0 where a node has no edge).
+    """Sum edge messages [E, *F] into destinations [num_dst, *F] (0 where a node has no edge).
 
     Gathers use ``index_select`` and sums ``index_add_``: both are deterministic on CPU, forward and
     backward (plain ``h[idx]`` back-propagates through a parallel atomic ``index_put_``), which keeps
     runs bit-identical whatever the buffer size or thread timing.
     """
-    out = msg.new_zeros((block.num_dst, msg.shape[1]))
+    out = msg.new_zeros((block.num_dst, *msg.shape[1:]))
     if msg.shape[0]:
         out.index_add_(0, block.dst, msg)
     return out
 
 
+def _sum_scale(block: TorchBlock) -> Tensor:
+    """float32 [num_dst, 1]: ``d_v / s_v`` (1 where nothing was sampled), the factor that turns a sum
+    over the sampled in-edges into an unbiased estimate of the full-neighbourhood sum."""
+    return (block.deg_dst / block.sampled.clamp(min=1)).unsqueeze(1)
+
+
+def aggregate(block: TorchBlock, x: Tensor, reduce: str = "sum") -> Tensor:
+    """Aggregate source features over the block's edges: ``out[v] = REDUCE_{(u, v) in E} x[u]``.
+
+    This is the sparse product ``A x`` (``sum``), the row-normalised ``D^-1 A x`` (``mean``) or an
+    element-wise maximum (``max``), with ``A`` the [num_dst, num_src] adjacency of the sampled edges
+    (one entry per edge, so parallel edges count twice).  Rows without edges are exactly 0.
+
+    Args:
+        block: the MFG; x: float [num_src, F] source features.
+        reduce: ``sum``, ``mean`` or ``max``.
+
+    Returns:
+        float [num_dst, F].
+
+    Raises:
+        ValueError: unknown ``reduce``.
+    """
+    if reduce in ("sum", "mean"):
+        out = _aggregate_sum(block, x.index_select(0, block.src))
+        if reduce == "mean":
+            out = out / block.sampled.clamp(min=1).unsqueeze(1).to(out.dtype)
+        return out
+    if reduce == "max":
+        agg = x.new_zeros((block.num_dst, x.shape[1]))
+        if block.num_edges:
+            msg = x.index_select(0, block.src)
+            idx = block.dst.unsqueeze(1).expand(-1, x.shape[1])
+            agg = agg.scatter_reduce(0, idx, msg, reduce="amax", include_self=False)
+        return agg
+    raise ValueError(f"unknown reduce {reduce!r} (choose sum, mean or max)")
+
+
+def edge_softmax(dst: Tensor, scores: Tensor, num_dst: int) -> Tensor:
+    """Softmax of edge scores over the in-edges of each destination node.
+
+    ``alpha[e] = exp(s[e]) / sum_{e' : dst[e'] = dst[e]} exp(s[e'])``, computed with the per-node
+    maximum subtracted (detached: the result does not depend on it) for stability.  Sums use
+    ``index_add_`` and gathers ``index_select``, so forward and backward are deterministic on CPU.
+
+    Args:
+        dst: int64 [E] destination of every edge, in ``[0, num_dst)``.
+        scores: float [E, H] one score per edge and head.
+        num_dst: number of destination nodes.
+
+    Returns:
+        float [E, H]; each destination's weights sum to 1 per head (no entries for nodes without edges).
+    """
+    if scores.shape[0] == 0:
+        return scores
+    idx = dst.unsqueeze(1).expand_as(scores)
+    smax = scores.detach().new_full((num_dst, scores.shape[1]), float("-inf"))
+    smax = smax.scatter_reduce(0, idx, scores.detach(), reduce="amax", include_self=True)
+    e = torch.exp(scores - smax.index_select(0, dst))
+    denom = e.new_zeros((num_dst, scores.shape[1])).index_add_(0, dst, e)
+    return e / denom.index_select(0, dst)
+
+
 class SAGEConv(nn.Module):
-    """GraphSAGE layer (Hamilton et al., NeurIPS'17): ``W_self x_v + W_neigh AGG({x_u})``.
+    """GraphSAGE layer (Hamilton et al., "Inductive Representation Learning on Large Graphs",
+    NeurIPS'17): ``h_v = W_self x_v + W_neigh AGG({x_u : u in S(v)})``.
 
     Args:
         in_dim, out_dim: feature sizes.
-        aggregator: ``mean`` (average of sampled neighbours), ``sum`` or ``max`` (element-wise
-            max-pool after a linear+ReLU, as in the paper's pooling aggregator).
+        aggregator: ``mean`` (average of sampled neighbours), ``sum`` (scaled by ``d_v / s_v`` to
+            estimate the full-neighbourhood sum) or ``max`` (element-wise max-pool after a
+            linear+ReLU, as in the paper's pooling aggregator).
 
     Shapes:
-        x: [num_src, in_dim] -> [num_dst, out_dim]; nodes without sampled neighbours aggregate 0.
+        x: [num_src, in_dim] float32 -> [num_dst, out_dim]; nodes without sampled neighbours
+        aggregate 0 (their output is ``W_self x_v + b``).
+
+    Raises:
+        ValueError: unknown aggregator.
     """
 
     def __init__(self, in_dim: int, out_dim: int, aggregator: str = "mean") -> None:
         super().__init__()
         if aggregator not in ("mean", "sum", "max"):
-            raise ValueError(f"unknown SAGE aggregator {aggregator!r}")
+            raise ValueError(f"unknown SAGE aggregator {aggregator!r} (choose mean, sum or max)")
         self.aggregator = aggregator
         self.lin_self = nn.Linear(in_dim, out_dim, bias=True)
         self.lin_neigh = nn.Linear(in_dim, out_dim, bias=False)
@@ -107,21 +203,17 @@ class SAGEConv(nn.Module):
     def forward(self, block: TorchBlock, x: Tensor) -> Tensor:
         x_dst = x[: block.num_dst]
         if self.aggregator == "max":
-            h = torch.relu(self.pool(x))
-            msg = h.index_select(0, block.src)
-            agg = h.new_zeros((block.num_dst, h.shape[1]))
-            if msg.shape[0]:
-                idx = block.dst.unsqueeze(1).expand(-1, h.shape[1])
-                agg = agg.scatter_reduce(0, idx, msg, reduce="amax", include_self=False)
+            agg = aggregate(block, torch.relu(self.pool(x)), "max")
+        elif self.aggregator == "sum":
+            agg = aggregate(block, x, "sum") * _sum_scale(block).to(x.dtype)
         else:
-            agg = _aggregate_sum(block, x.index_select(0, block.src))
-            if self.aggregator == "mean":
-                agg = agg / block.sampled.clamp(min=1).unsqueeze(1)
+            agg = aggregate(block, x, "mean")
         return self.lin_self(x_dst) + self.lin_neigh(agg)
 
 
 class GCNConv(nn.Module):
-    """Graph convolution (Kipf & Welling, ICLR'17) on sampled blocks.
+    """Graph convolution (Kipf & Welling, "Semi-Supervised Classification with Graph Convolutional
+    Networks", ICLR'17) on sampled blocks.
 
     Self-loop convention (documented, one for all of ooc): with ``self_loops=True`` every node gets one
     self-loop, ``A + I``, and degrees count it (``d + 1``).  With ``normalize=True`` the update is
@@ -134,7 +226,7 @@ class GCNConv(nn.Module):
     unweighted (the self-loop, if any, adds ``x_v``).
 
     Shapes:
-        x: [num_src, in_dim] -> [num_dst, out_dim].
+        x: [num_src, in_dim] float32 -> [num_dst, out_dim].
     """
 
     def __init__(self, in_dim: int, out_dim: int, self_loops: bool = True, normalize: bool = True,
@@ -153,13 +245,14 @@ class GCNConv(nn.Module):
             d_src = (block.deg_src + loop).clamp(min=1)
             d_dst = (block.deg_dst + loop).clamp(min=1)
             scale = block.deg_dst / block.sampled.clamp(min=1)
-            w = (d_src[block.src] * d_dst[block.dst]).rsqrt() * scale[block.dst]
-            msg = msg * w.unsqueeze(1)
+            w = (d_src.index_select(0, block.src) * d_dst.index_select(0, block.dst)).rsqrt() \
+                * scale.index_select(0, block.dst)
+            msg = msg * w.unsqueeze(1).to(msg.dtype)
         out = _aggregate_sum(block, msg)
         if self.self_loops:
             h_dst = h[: block.num_dst]
             if self.normalize:
-                out = out + h_dst / (block.deg_dst + 1).unsqueeze(1)
+                out = out + h_dst / (block.deg_dst + 1).unsqueeze(1).to(h.dtype)
             else:
                 out = out + h_dst
         if self.bias is not None:
@@ -167,45 +260,196 @@ class GCNConv(nn.Module):
         return out
 
 
-class GNN(nn.Module):
-    """A stack of message-passing layers with ReLU and dropout between them.
+class GATConv(nn.Module):
+    """Graph attention layer (Velickovic et al., "Graph Attention Networks", ICLR'18).
+
+    For every head ``k``: ``e_uv = LeakyReLU(a_src . W x_u + a_dst . W x_v)``, ``alpha = softmax``
+    of ``e`` over the in-edges of ``v`` (:func:`edge_softmax`; over the sampled ones, plus ``v``
+    itself when ``self_loops``), dropout on ``alpha`` (the paper's attention dropout), and
+    ``h_v = sum_u alpha_uv W x_u``.  Heads are concatenated (hidden layers) or averaged (output layer).
 
     Args:
-        model: ``sage`` or ``gcn``.
-        in_dim, hidden, out_dim: feature sizes; ``num_layers`` layers in total.
-        dropout: dropout probability on every layer's input.
+        in_dim: input size; out_dim: output size per head.
+        heads: number of attention heads ``H``.
+        concat: concatenate heads (output ``H * out_dim``) or average them (``out_dim``).
+        negative_slope: LeakyReLU slope of the attention scores (0.2 in the paper).
+        attn_dropout: dropout probability on the attention weights.
+        self_loops: every destination also attends to itself (the paper's convention); without, a
+            node with no sampled in-edge outputs only the bias.
 
     Shapes:
-        forward(blocks, x): ``x`` [blocks[0].num_src, in_dim] -> [blocks[-1].num_dst, out_dim] logits.
+        x: [num_src, in_dim] float32 -> [num_dst, H * out_dim] (concat) or [num_dst, out_dim].
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, heads: int = 1, concat: bool = True,
+                 negative_slope: float = 0.2, attn_dropout: float = 0.0, self_loops: bool = True,
+                 bias: bool = True) -> None:
+        super().__init__()
+        if heads < 1:
+            raise ValueError(f"heads must be >= 1, got {heads}")
+        self.heads, self.out_dim, self.concat = heads, out_dim, concat
+        self.self_loops = self_loops
+        self.lin = nn.Linear(in_dim, heads * out_dim, bias=False)
+        self.att_src = nn.Parameter(torch.empty(1, heads, out_dim))
+        self.att_dst = nn.Parameter(torch.empty(1, heads, out_dim))
+        self.leaky = nn.LeakyReLU(negative_slope)
+        self.attn_dropout = nn.Dropout(attn_dropout)
+        width = heads * out_dim if concat else out_dim
+        self.bias = nn.Parameter(torch.zeros(width)) if bias else None
+        nn.init.xavier_uniform_(self.lin.weight)
+        nn.init.xavier_uniform_(self.att_src)
+        nn.init.xavier_uniform_(self.att_dst)
+
+    def forward(self, block: TorchBlock, x: Tensor) -> Tensor:
+        n_dst, H, F = block.num_dst, self.heads, self.out_dim
+        h = self.lin(x).view(-1, H, F)                        # [num_src, H, F]
+        a_src = (h * self.att_src).sum(-1)                     # [num_src, H]
+        a_dst = (h[:n_dst] * self.att_dst).sum(-1)             # [num_dst, H]
+        src, dst = block.src, block.dst
+        if self.self_loops:
+            loop = torch.arange(n_dst, dtype=src.dtype, device=src.device)
+            src, dst = torch.cat([src, loop]), torch.cat([dst, loop])
+        e = self.leaky(a_src.index_select(0, src) + a_dst.index_select(0, dst))  # [E, H]
+        alpha = self.attn_dropout(edge_softmax(dst, e, n_dst))
+        msg = h.index_select(0, src) * alpha.unsqueeze(-1)     # [E, H, F]
+        out = msg.new_zeros((n_dst, H, F))
+        if msg.shape[0]:
+            out.index_add_(0, dst, msg)
+        out = out.reshape(n_dst, H * F) if self.concat else out.mean(1)
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+
+class GINConv(nn.Module):
+    """Graph isomorphism layer (Xu et al., "How Powerful are Graph Neural Networks?", ICLR'19):
+    ``h_v = MLP((1 + eps) x_v + sum_{u in N(v)} x_u)`` with a learnable ``eps`` (GIN-eps).
+
+    The neighbour sum is estimated from the sample (scaled by ``d_v / s_v``; exact with all
+    neighbours).  The MLP is ``Linear -> ReLU -> Linear``.
+
+    Args:
+        in_dim, out_dim: feature sizes; hidden: MLP width (default ``out_dim``).
+        eps: initial epsilon; train_eps: learn it (GIN-eps) or keep it fixed (GIN-0 with ``eps=0``).
+
+    Shapes:
+        x: [num_src, in_dim] float32 -> [num_dst, out_dim].
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, hidden: int | None = None, eps: float = 0.0,
+                 train_eps: bool = True) -> None:
+        super().__init__()
+        hidden = hidden or out_dim
+        self.mlp = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, out_dim))
+        if train_eps:
+            self.eps = nn.Parameter(torch.tensor([float(eps)]))
+        else:
+            self.register_buffer("eps", torch.tensor([float(eps)]))
+
+    def forward(self, block: TorchBlock, x: Tensor) -> Tensor:
+        agg = aggregate(block, x, "sum") * _sum_scale(block).to(x.dtype)
+        return self.mlp((1 + self.eps) * x[: block.num_dst] + agg)
+
+
+MODELS = ("sage", "gcn", "gat", "gin")
+
+
+class GNN(nn.Module):
+    """A stack of message-passing layers: per layer ``dropout -> conv [+ residual] -> norm -> act``
+    (no norm or activation after the last layer).
+
+    Args:
+        model: ``sage``, ``gcn``, ``gat`` or ``gin``.
+        in_dim, hidden, out_dim: feature sizes; ``num_layers`` layers in total.  For ``gat``,
+            ``hidden`` is the concatenated width (``heads`` heads of ``hidden // heads``) and the last
+            layer averages ``out_heads`` heads.
+        dropout: dropout probability on every layer's input.
+        aggregator: SAGE aggregator (``mean``, ``sum``, ``max``).
+        heads, out_heads, attn_dropout: GAT options.
+        residual: add ``x_v`` (or a linear projection of it when sizes differ) to each layer's output.
+        norm: ``none``, ``batch`` (BatchNorm1d) or ``layer`` (LayerNorm) after hidden layers.
+        activation: ``relu`` or ``elu`` (the GAT paper's).
+        gin_eps: initial epsilon of GIN layers; gin_train_eps: learn it.
+
+    Shapes:
+        forward(blocks, x): ``x`` [blocks[0].num_src, in_dim] -> [blocks[-1].num_dst, out_dim].
+
+    Raises:
+        ValueError: unknown model, aggregator or norm; ``hidden`` not divisible by ``heads``.
     """
 
     def __init__(self, model: str, in_dim: int, hidden: int, out_dim: int, num_layers: int,
-                 dropout: float = 0.5, aggregator: str = "mean") -> None:
+                 dropout: float = 0.5, aggregator: str = "mean", heads: int = 1, out_heads: int = 1,
+                 attn_dropout: float = 0.0, residual: bool = False, norm: str = "none",
+                 activation: str = "relu", gin_eps: float = 0.0, gin_train_eps: bool = True) -> None:
         super().__init__()
+        if model not in MODELS:
+            raise ValueError(f"unknown model {model!r} (choose {', '.join(MODELS)})")
+        if norm not in ("none", "batch", "layer"):
+            raise ValueError(f"unknown norm {norm!r} (choose none, batch or layer)")
+        if activation not in ("relu", "elu"):
+            raise ValueError(f"unknown activation {activation!r} (choose relu or elu)")
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        if model == "gat" and hidden % heads:
+            raise ValueError(f"gat: hidden {hidden} is not divisible by heads {heads}")
+        self.model_name = model
         dims = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
+        self.dims = dims
         layers: list[nn.Module] = []
         for i in range(num_layers):
+            last = i == num_layers - 1
             if model == "sage":
                 layers.append(SAGEConv(dims[i], dims[i + 1], aggregator))
             elif model == "gcn":
                 layers.append(GCNConv(dims[i], dims[i + 1]))
+            elif model == "gat":
+                if last:
+                    layers.append(GATConv(dims[i], dims[i + 1], out_heads, concat=False,
+                                          attn_dropout=attn_dropout))
+                else:
+                    layers.append(GATConv(dims[i], dims[i + 1] // heads, heads, concat=True,
+                                          attn_dropout=attn_dropout))
             else:
-                raise ValueError(f"unknown model {model!r} (choose sage or gcn)")
+                layers.append(GINConv(dims[i], dims[i + 1], eps=gin_eps, train_eps=gin_train_eps))
         self.layers = nn.ModuleList(layers)
+        self.residuals = nn.ModuleList(
+            [(nn.Identity() if dims[i] == dims[i + 1] else nn.Linear(dims[i], dims[i + 1], bias=False))
+             if residual else nn.Identity() for i in range(num_layers)])
+        self.residual = residual
+        self.norms = nn.ModuleList(
+            [nn.BatchNorm1d(dims[i + 1]) if norm == "batch" else
+             nn.LayerNorm(dims[i + 1]) if norm == "layer" else nn.Identity()
+             for i in range(num_layers - 1)])
         self.dropout = nn.Dropout(dropout)
+        self.act = torch.relu if activation == "relu" else nn.functional.elu
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def layer_forward(self, i: int, block: TorchBlock, h: Tensor) -> Tensor:
+        """Layer ``i`` alone (dropout, conv, residual, norm, activation): ``h`` [num_src, dims[i]]
+        -> [num_dst, dims[i+1]].  :func:`ooc.inference.layerwise_inference` calls this for every
+        node of the graph, layer by layer."""
+        h_in = self.dropout(h)
+        out = self.layers[i](block, h_in)
+        if self.residual:
+            out = out + self.residuals[i](h_in[: block.num_dst])
+        if i < len(self.layers) - 1:
+            out = self.act(self.norms[i](out))
+        return out
 
     def forward(self, blocks: list[TorchBlock], x: Tensor) -> Tensor:
         if len(blocks) != len(self.layers):
             raise ValueError(f"{len(blocks)} blocks for {len(self.layers)} layers")
         h = x
-        for i, (layer, block) in enumerate(zip(self.layers, blocks)):
-            h = layer(block, self.dropout(h))
-            if i < len(self.layers) - 1:
-                h = torch.relu(h)
+        for i, block in enumerate(blocks):
+            h = self.layer_forward(i, block, h)
         return h
 
 
 def build_model(name: str, in_dim: int, hidden: int, out_dim: int, num_layers: int,
-                dropout: float) -> GNN:
-    """Factory used by the trainer and the CLI."""
-    return GNN(name, in_dim, hidden, out_dim, num_layers, dropout)
+                dropout: float, **options: object) -> GNN:
+    """Factory used by the trainer and the CLI; ``options`` are :class:`GNN` keyword options."""
+    return GNN(name, in_dim, hidden, out_dim, num_layers, dropout, **options)  # type: ignore[arg-type]

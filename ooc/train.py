@@ -1,11 +1,29 @@
-"""Out-of-core node-classification training (``ooc train``).
+"""Out-of-core training (``ooc train``): the loop, checkpoints, resume, metrics.
 
-Pipeline per epoch: :func:`~ooc.loader.plan_epoch` orders the training seeds partition by partition;
-the :class:`~ooc.loader.BatchLoader` samples blocks, makes the batch's partitions resident in the
-:class:`~ooc.buffer.PartitionBuffer` (prefetching the next ones), gathers features (misses read from
-disk) and hands tensors to the model.  Evaluation uses all neighbours (exact inference for the
-sampled layers) over the validation and test seeds; the reported ``test_acc`` is the test accuracy
-of the epoch with the best validation accuracy.
+Structure:
+
+- :func:`build_data_path` -- the out-of-core data path of a run (topology in memory or mapped,
+  partitions, :class:`~ooc.buffer.PartitionBuffer`, :class:`~ooc.loader.BatchLoader`).  It is the
+  only place that builds them; tasks receive the result.
+- a *task* -- :class:`NodeTask` here, :class:`ooc.linkpred.LinkTask` for link prediction -- turns
+  an epoch into batches, a batch into a loss, and a model into validation/test metrics.
+- :func:`train` -- the loop shared by all tasks: optimiser, learning-rate schedule, mixed precision
+  (CUDA), early stopping, best-model selection, checkpoints (every ``checkpoint_every`` steps and at
+  every epoch end) and resume, per-epoch ``metrics.jsonl`` and per-step ``steps.jsonl``.
+
+Determinism: batches depend only on (seed, epoch, batch index) and the layers are deterministic on
+CPU, so a resumed run (``train(cfg, resume=True)``, ``ooc train --resume RUN``) reproduces the
+uninterrupted run bit for bit: the checkpoint holds model, optimiser, scheduler, GradScaler, every
+RNG state, the loader position (epoch, next batch) and the running sums of the current epoch.
+
+Run directory::
+
+    RUN/config.yaml, config.json   resolved configuration (nested YAML reusable with --config; flat JSON)
+    RUN/checkpoint.pt              latest checkpoint (atomic; torch.load(weights_only=True))
+    RUN/model.pt                   best-validation weights (a plain state_dict)
+    RUN/metrics.jsonl              one JSON record per epoch (loss, accuracy, throughput, I/O)
+    RUN/steps.jsonl                one record per step (time, I/O stall, compute, loss): the timeline
+    RUN/metrics.json               final summary (test/val score at the best epoch, I/O, memory...)
 """
 
 from __future__ import annotations
@@ -16,7 +34,10 @@ import os
 import random
 import resource
 import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Iterator, Protocol
 
 import numpy as np
 import torch
@@ -24,18 +45,24 @@ from torch import nn
 from tqdm import tqdm
 
 from ooc.buffer import PartitionBuffer, contiguous_partitions
+from ooc.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from ooc.config import TrainConfig
-from ooc.loader import BatchLoader, plan_epoch
-from ooc.models import build_model
+from ooc.loader import Batch, BatchLoader, EpochPlan, plan_epoch
+from ooc.models import GNN, build_model
 from ooc.storage.dataset import Dataset
 
-__all__ = ["train", "evaluate", "seed_everything", "peak_rss_bytes", "write_json_atomic"]
+__all__ = ["train", "evaluate", "seed_everything", "peak_rss_bytes", "write_json_atomic",
+           "build_data_path", "DataPath", "NodeTask", "make_model", "resolve_device", "Interrupted"]
 
 log = logging.getLogger("ooc.train")
 
 
+class Interrupted(RuntimeError):
+    """Raised by :func:`train` when ``stop_after_steps`` is reached (a simulated kill, for tests)."""
+
+
 def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch."""
+    """Seed Python, NumPy and torch (CPU and CUDA); the samplers are keyed by the run seed."""
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
@@ -59,156 +86,547 @@ def _save_atomic(obj: object, path: Path) -> None:
     os.replace(tmp, path)
 
 
-@torch.no_grad()
-def evaluate(model: nn.Module, loader: BatchLoader, ids: np.ndarray, num_layers: int,
-             batch_size: int) -> float:
-    """Accuracy on ``ids`` with full neighbourhoods (fanout -1 at every layer).
-
-    Returns:
-        Fraction of correctly classified nodes (0.0 if ``ids`` is empty).
-    """
-    if ids.shape[0] == 0:
-        return 0.0
-    model.eval()
-    correct = 0
-    for i in range(0, ids.shape[0], batch_size):
-        b = loader.make_batch(i, ids[i:i + batch_size], epoch=-1, fanouts=[-1] * num_layers)
-        pred = model(b.blocks, b.x).argmax(1)
-        correct += int((pred == b.y).sum())
-    return correct / ids.shape[0]
-
-
-def train(cfg: TrainConfig) -> dict:
-    """Train a model as configured; writes ``RUN/metrics.json``, ``RUN/config.json``, ``RUN/model.pt``.
-
-    Returns:
-        The metrics dictionary (also written to ``metrics.json``): ``test_acc``, ``val_acc``,
-        ``epochs``, ``epoch_time_s``, ``losses`` (per step), ``bytes_read``, ``buffer_hit_ratio``,
-        ``peak_rss_bytes``, ``seed``, ``config``, per-epoch records under ``history``.
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; otherwise ``torch.device(name)``.
 
     Raises:
-        DatasetError: the dataset cannot be opened.
-        ValueError: invalid options (e.g. more partitions than nodes).
+        ValueError: a CUDA device is requested but none is available.
     """
-    cfg.validate()
-    t_start = time.perf_counter()
-    seed_everything(cfg.seed)
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out / "config.json", cfg.to_dict())
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    return dev
 
-    ds = Dataset(cfg.dataset)
-    n = ds.num_nodes
-    if cfg.topology == "mmap":
+
+# ====================================================================== data path
+@dataclass
+class DataPath:
+    """What :func:`build_data_path` builds: the run's topology, partitions, buffer and loader.
+
+    Attributes:
+        indptr, indices: CSC topology used for sampling (in memory or mapped).
+        degrees: int64 [N] in-degrees of that topology (GCN normalisation, sum scaling).
+        offsets: int64 [P+1] partition boundaries; buffer: the feature buffer; loader: the loader.
+    """
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    degrees: np.ndarray
+    offsets: np.ndarray
+    buffer: PartitionBuffer
+    loader: BatchLoader
+
+    def close(self) -> None:
+        self.buffer.close()
+
+
+def build_data_path(cfg: TrainConfig, ds: Dataset, topology: tuple[np.ndarray, np.ndarray] | None = None,
+                    loader_cls: type[BatchLoader] = BatchLoader, **loader_kw: Any) -> DataPath:
+    """Build the out-of-core data path of a run (the one place that does).
+
+    Args:
+        cfg: run configuration (``topology``, ``partitions``, ``buffer_partitions``, ``io_threads``,
+            ``fanouts``, ``seed``, ``replace``, ``prefetch``, ``feat_norm``).
+        ds: the dataset; features are served from disk through the partition buffer.
+        topology: ``(indptr, indices)`` to sample from instead of the dataset's (link prediction
+            passes its training graph).
+        loader_cls, loader_kw: loader class and extra keyword arguments (a task's own loader).
+
+    Raises:
+        ValueError: more partitions than nodes, bad buffer capacity.
+    """
+    if topology is not None:
+        indptr, indices = topology
+    elif cfg.topology == "mmap":
         indptr = ds.raw("indptr").mmap()
         indices = ds.raw("indices").mmap()
     else:
         indptr, indices = ds.indptr, ds.indices
-    degrees = np.diff(ds.indptr)
-    labels = ds.labels
-    train_ids, val_ids, test_ids = ds.split("train"), ds.split("valid"), ds.split("test")
-    if train_ids.shape[0] == 0:
-        raise ValueError(f"{cfg.dataset}: no training nodes")
+    degrees = np.diff(indptr).astype(np.int64)
     stored = ds.partition_offsets
     if stored is not None and stored.shape[0] - 1 == cfg.partitions:
         offsets = stored
     else:
-        offsets = contiguous_partitions(n, cfg.partitions)
+        offsets = contiguous_partitions(ds.num_nodes, cfg.partitions)
     buffer = PartitionBuffer(ds.features, offsets, cfg.buffer_partitions, io_threads=cfg.io_threads)
-    loader = BatchLoader(indptr, indices, degrees, labels, buffer, cfg.fanouts, cfg.seed,
-                         replace=cfg.replace, prefetch=cfg.prefetch, feat_norm=cfg.feat_norm)
-    num_classes = ds.num_classes or int(labels.max()) + 1
-    model = build_model(cfg.model, ds.feat_dim, cfg.hidden, num_classes, len(cfg.fanouts), cfg.dropout)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    loss_fn = nn.CrossEntropyLoss()
-    part_of_train = buffer.part_of(train_ids)
-    log.info("dataset %s: %d nodes, %d edges, %d features, %d classes; %d partitions, buffer %d "
-             "(%.1f MiB)", ds.name, n, ds.num_edges, ds.feat_dim, num_classes, cfg.partitions,
-             cfg.buffer_partitions, buffer.nbytes / 2**20)
+    loader = loader_cls(indptr, indices, degrees, ds.labels, buffer, cfg.fanouts, cfg.seed,
+                        replace=cfg.replace, prefetch=cfg.prefetch, feat_norm=cfg.feat_norm, **loader_kw)
+    return DataPath(indptr, indices, degrees, offsets, buffer, loader)
 
-    steps_per_epoch = -(-train_ids.shape[0] // cfg.batch_size)
-    bar = tqdm(total=cfg.epochs * steps_per_epoch, disable=not cfg.progress, unit="batch",
-               dynamic_ncols=True, desc="train")
-    history: list[dict] = []
-    losses: list[float] = []
-    best_val, best_test, best_epoch = -1.0, 0.0, -1
-    total_bytes = 0
-    total_hits = total_misses = 0
-    for epoch in range(cfg.epochs):
-        t0 = time.perf_counter()
-        model.train()
-        plan = plan_epoch(train_ids, part_of_train, cfg.partitions, cfg.batch_size, cfg.seed, epoch)
-        loader.stall_s = 0.0
-        ep_loss, ep_correct, ep_seen, ep_edges = 0.0, 0, 0, 0
-        sample_s = gather_s = 0.0
-        for batch in loader.iterate(plan, epoch):
-            opt.zero_grad()
-            logits = model(batch.blocks, batch.x)
-            loss = loss_fn(logits, batch.y)
-            loss.backward()
-            opt.step()
-            lv = float(loss.detach())
-            losses.append(lv)
-            ep_loss += lv * batch.y.shape[0]
-            ep_correct += int((logits.argmax(1) == batch.y).sum())
-            ep_seen += batch.y.shape[0]
-            ep_edges += batch.num_edges
-            sample_s += batch.sample_s
-            gather_s += batch.gather_s
-            bar.update(1)
-            bar.set_postfix(epoch=epoch, loss=f"{lv:.4f}", hit=f"{buffer.stats.hit_ratio:.3f}")
-        train_time = time.perf_counter() - t0
-        stall = loader.stall_s
-        rec: dict = {"epoch": epoch, "loss": ep_loss / max(ep_seen, 1),
-                     "train_acc": ep_correct / max(ep_seen, 1), "train_time_s": train_time,
-                     "seeds_per_s": ep_seen / train_time, "edges_per_s": ep_edges / train_time,
-                     "sampled_edges": ep_edges, "stall_s": stall, "sample_s": sample_s,
-                     "gather_s": gather_s}
-        if (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1:
-            val_acc = evaluate(model, loader, val_ids, len(cfg.fanouts), cfg.eval_batch_size)
-            test_acc = evaluate(model, loader, test_ids, len(cfg.fanouts), cfg.eval_batch_size)
-            rec.update(val_acc=val_acc, test_acc=test_acc)
-            if val_acc > best_val:
-                best_val, best_test, best_epoch = val_acc, test_acc, epoch
-                _save_atomic(model.state_dict(), out / "model.pt")
-        buffer.drain()
-        st = buffer.reset_stats()
-        rec.update(st.as_dict())
-        rec["epoch_time_s"] = time.perf_counter() - t0
-        total_bytes += st.bytes_read
-        total_hits += st.row_hits
-        total_misses += st.row_misses
-        history.append(rec)
-        msg = (f"epoch {epoch}: loss {rec['loss']:.4f} train_acc {rec['train_acc']:.4f} "
-               f"{rec['seeds_per_s']:.0f} seeds/s {rec['edges_per_s'] / 1e6:.2f} M edges/s "
-               f"read {st.bytes_read / 2**20:.1f} MiB hit {st.hit_ratio:.3f} stall {stall:.2f}s")
-        if "val_acc" in rec:
-            msg += f" val {rec['val_acc']:.4f} test {rec['test_acc']:.4f}"
-        if cfg.progress:
-            bar.write(msg)
-        log.info(msg)
-    bar.close()
-    buffer.close()
+
+# ====================================================================== tasks
+class Task(Protocol):
+    """What the loop needs from a task (see :class:`NodeTask`, :class:`ooc.linkpred.LinkTask`)."""
+
+    name: str
+    data: DataPath
+    out_dim: int
+    select: str        # metric key maximised for early stopping / best model, e.g. "val_acc"
+    test_key: str      # its test counterpart, e.g. "test_acc"
+
+    def plan(self, epoch: int) -> EpochPlan: ...
+    def batches(self, plan: EpochPlan, epoch: int, start: int) -> Iterator[Any]: ...
+    def loss(self, model: GNN, batch: Any, device: torch.device) -> tuple[torch.Tensor, dict]: ...
+    def evaluate(self, model: GNN, device: torch.device) -> dict: ...
+    def close(self) -> None: ...
+
+
+def _to_device(batch: Batch, device: torch.device) -> tuple[list, torch.Tensor]:
+    if device.type == "cpu":
+        return batch.blocks, batch.x
+    nb = device.type == "cuda"
+    return [b.to(device, non_blocking=nb) for b in batch.blocks], batch.x.to(device, non_blocking=nb)
+
+
+def _scores(pred_logits: torch.Tensor, y: torch.Tensor, multilabel: bool) -> tuple[int, int, int, int]:
+    """``(correct, total, tp, fp_plus_fn)``: multi-class counts argmax hits; multi-label counts
+    true positives and errors of ``logit > 0`` (for micro-F1 = 2tp / (2tp + fp + fn))."""
+    if multilabel:
+        pred = pred_logits > 0
+        truth = y > 0.5
+        tp = int((pred & truth).sum())
+        err = int((pred ^ truth).sum())
+        return 0, 0, tp, err
+    return int((pred_logits.argmax(1) == y).sum()), int(y.shape[0]), 0, 0
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: BatchLoader, ids: np.ndarray, num_layers: int,
+             batch_size: int, device: torch.device | str = "cpu", multilabel: bool = False) -> float:
+    """Accuracy (micro-F1 when ``multilabel``) on ``ids`` with full neighbourhoods (fanout -1 at
+    every layer, i.e. exact inference for these seeds).
+
+    Returns:
+        The score in [0, 1] (0.0 if ``ids`` is empty).
+    """
+    if ids.shape[0] == 0:
+        return 0.0
+    device = torch.device(device)
+    model.eval()
+    correct = total = tp = err = 0
+    for i in range(0, ids.shape[0], batch_size):
+        b = loader.make_batch(i, ids[i:i + batch_size], epoch=-1, fanouts=[-1] * num_layers)
+        blocks, x = _to_device(b, device)
+        c, t, p, e = _scores(model(blocks, x).float().cpu(), b.y, multilabel)
+        correct, total, tp, err = correct + c, total + t, tp + p, err + e
+    if multilabel:
+        return 2 * tp / max(2 * tp + err, 1)
+    return correct / total
+
+
+class NodeTask:
+    """Node classification: multi-class (cross-entropy, accuracy) or multi-label when the labels
+    are [N, C] (binary cross-entropy, micro-F1, reported under the ``*_acc`` keys).
+
+    Training seeds with label -1 are dropped; validation and test labels are only read by
+    :meth:`evaluate`, never by training (poisoning them changes no loss or weight; tested).
+    """
+
+    name = "node"
+    select = "val_acc"
+    test_key = "test_acc"
+
+    def __init__(self, cfg: TrainConfig, ds: Dataset) -> None:
+        self.cfg = cfg
+        self.ds = ds
+        self.data = build_data_path(cfg, ds)
+        labels = ds.labels
+        self.multilabel = labels.ndim == 2
+        train_ids = ds.split("train")
+        if not self.multilabel:
+            keep = labels[train_ids] >= 0
+            if not keep.all():
+                log.warning("%d training nodes without a label (-1) are skipped", int((~keep).sum()))
+            train_ids = train_ids[keep]
+        if train_ids.shape[0] == 0:
+            raise ValueError(f"{cfg.dataset}: no training nodes")
+        self.train_ids = train_ids
+        self.val_ids, self.test_ids = ds.split("valid"), ds.split("test")
+        self.out_dim = int(labels.shape[1]) if self.multilabel else \
+            int(ds.num_classes or int(labels.max()) + 1)
+        self.part_of_train = self.data.buffer.part_of(train_ids)
+        self.loss_fn: nn.Module = nn.BCEWithLogitsLoss() if self.multilabel else nn.CrossEntropyLoss()
+        self.metric = "micro_f1" if self.multilabel else "accuracy"
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return -(-self.train_ids.shape[0] // self.cfg.batch_size)
+
+    def plan(self, epoch: int) -> EpochPlan:
+        return plan_epoch(self.train_ids, self.part_of_train, self.data.buffer.num_parts,
+                          self.cfg.batch_size, self.cfg.seed, epoch)
+
+    def batches(self, plan: EpochPlan, epoch: int, start: int) -> Iterator[Batch]:
+        return self.data.loader.iterate(plan, epoch, start=start)
+
+    def loss(self, model: GNN, batch: Batch, device: torch.device) -> tuple[torch.Tensor, dict]:
+        blocks, x = _to_device(batch, device)
+        logits = model(blocks, x).float()
+        y = batch.y.to(device)
+        if self.multilabel:
+            y = y.float()
+        loss = self.loss_fn(logits, y)
+        c, t, tp, err = _scores(logits.detach().cpu(), batch.y, self.multilabel)
+        return loss, {"seen": int(batch.y.shape[0]), "correct": c, "tp": tp, "err": err,
+                      "edges": batch.num_edges, "sample_s": batch.sample_s,
+                      "gather_s": batch.gather_s}
+
+    def train_score(self, acc: dict) -> float:
+        if self.multilabel:
+            return 2 * acc["tp"] / max(2 * acc["tp"] + acc["err"], 1)
+        return acc["correct"] / max(acc["seen"], 1)
+
+    def evaluate(self, model: GNN, device: torch.device) -> dict:
+        if self.cfg.eval_mode == "layerwise":
+            from ooc.inference import IN_MEMORY_LIMIT, evaluate_node_layerwise
+            big = self.ds.num_nodes * max(model.dims[1:]) * 4 > IN_MEMORY_LIMIT
+            return evaluate_node_layerwise(model, self, device,
+                                           Path(self.cfg.output_dir) / "inference" if big else None)
+        nl = len(self.cfg.fanouts)
+        return {k: evaluate(model, self.data.loader, ids, nl, self.cfg.eval_batch_size, device,
+                            self.multilabel)
+                for k, ids in (("val_acc", self.val_ids), ("test_acc", self.test_ids))}
+
+    def close(self) -> None:
+        self.data.close()
+
+
+def make_task(cfg: TrainConfig, ds: Dataset) -> Task:
+    """The task object of ``cfg.task`` (``node`` or ``link``)."""
+    if cfg.task == "link":
+        from ooc.linkpred import LinkTask
+        return LinkTask(cfg, ds)
+    return NodeTask(cfg, ds)
+
+
+def make_model(cfg: TrainConfig, in_dim: int, out_dim: int) -> GNN:
+    """The :class:`~ooc.models.GNN` a configuration describes (``len(fanouts)`` layers)."""
+    return build_model(cfg.model, in_dim, cfg.hidden, out_dim, len(cfg.fanouts), cfg.dropout,
+                       aggregator=cfg.aggregator, heads=cfg.heads, out_heads=cfg.out_heads,
+                       attn_dropout=cfg.attn_dropout, residual=cfg.residual, norm=cfg.norm,
+                       activation=cfg.activation, gin_eps=cfg.gin_eps,
+                       gin_train_eps=cfg.gin_train_eps)
+
+
+def _make_optimizer(cfg: TrainConfig, params: Any) -> torch.optim.Optimizer:
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay)
+    return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def _make_scheduler(cfg: TrainConfig, opt: torch.optim.Optimizer) -> Any:
+    if cfg.lr_schedule == "step":
+        return torch.optim.lr_scheduler.StepLR(opt, step_size=max(cfg.lr_step, 1), gamma=cfg.lr_gamma)
+    if cfg.lr_schedule == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs)
+    if cfg.lr_schedule == "plateau":
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max", factor=cfg.lr_gamma,
+                                                          patience=cfg.lr_step)
+    return None
+
+
+# ====================================================================== loop state
+@dataclass
+class _State:
+    """Everything of the loop that a checkpoint must restore (besides model/optimiser/RNG)."""
+
+    epoch: int = 0            # current epoch
+    step: int = 0             # next batch index within the epoch
+    global_step: int = 0
+    losses: list = field(default_factory=list)
+    history: list = field(default_factory=list)
+    best_val: float = -1.0
+    best_test: float = 0.0
+    best_epoch: int = -1
+    bad_evals: int = 0
+    stopped_early: bool = False
+    elapsed_s: float = 0.0
+    acc: dict = field(default_factory=dict)   # running sums of the current epoch
+    totals: dict = field(default_factory=lambda: {"bytes_read": 0, "row_hits": 0, "row_misses": 0})
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def _fresh_acc() -> dict:
+    return {"loss": 0.0, "seen": 0, "correct": 0, "tp": 0, "err": 0, "edges": 0, "sample_s": 0.0,
+            "gather_s": 0.0, "stall_s": 0.0, "compute_s": 0.0, "train_time_s": 0.0}
+
+
+def _fault_pause(global_step: int) -> None:
+    """Test hook: ``OOC_FAULT_PAUSE_STEP=<step>:<seconds>[:<marker>]`` touches the marker and sleeps
+    after that global step (and its checkpoint, if any), so a test can SIGKILL the run mid-epoch."""
+    spec = os.environ.get("OOC_FAULT_PAUSE_STEP")
+    if not spec:
+        return
+    parts = spec.split(":")
+    if int(parts[0]) != global_step:
+        return
+    if len(parts) > 2:
+        Path(parts[2]).touch()
+    time.sleep(float(parts[1]))
+
+
+def _rewrite_jsonl(path: Path, records: list[dict]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        for r in records:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    """Records of a JSON-lines file; a torn last line (killed writer) is dropped."""
+    out = []
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out
+
+
+# ====================================================================== the loop
+def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None = None) -> dict:
+    """Train as configured; see the module docstring for the run directory.
+
+    Args:
+        cfg: the run configuration (validated here).
+        resume: continue from ``RUN/checkpoint.pt`` (``cfg.output_dir``); the result is bit-identical
+            to an uninterrupted run on CPU.
+        stop_after_steps: raise :class:`Interrupted` after this many global steps (and the
+            checkpoint due at that step, if any), as if the process were killed; for tests.
+
+    Returns:
+        The metrics dictionary (also written to ``metrics.json``): ``test_acc`` / ``val_acc`` (node
+        tasks) or ``test_mrr`` / ``val_mrr`` and Hits@K (link), at the best validation epoch;
+        ``best_epoch``, ``epochs``, ``epoch_time_s``, ``losses`` (per step), ``bytes_read``,
+        ``buffer_hit_ratio``, ``peak_rss_bytes``, ``seed``, ``config``, per-epoch ``history``.
+
+    Raises:
+        DatasetError: the dataset cannot be opened.
+        FileNotFoundError: ``resume`` without a checkpoint.
+        ValueError: invalid options (e.g. more partitions than nodes).
+        Interrupted: ``stop_after_steps`` reached.
+    """
+    cfg.validate()
+    t_start = time.perf_counter()
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt_path = out / "checkpoint.pt"
+    ckpt = load_checkpoint(ckpt_path) if resume else None
+    cfg.save(out)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    seed_everything(cfg.seed)
+    device = resolve_device(cfg.device)
+    use_amp = cfg.amp and device.type == "cuda"
+    if cfg.amp and not use_amp:
+        log.warning("--amp ignored on %s (mixed precision is used on CUDA only)", device)
+    amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
+
+    ds = Dataset(cfg.dataset)
+    task = make_task(cfg, ds)
+    model = make_model(cfg, ds.feat_dim, task.out_dim).to(device)
+    opt = _make_optimizer(cfg, model.parameters())
+    sched = _make_scheduler(cfg, opt)
+    scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16) \
+        if use_amp else None
+    buffer = task.data.buffer
+    log.info("dataset %s: %d nodes, %d edges, %d features, task %s (%d outputs); %d partitions, "
+             "buffer %d (%.1f MiB); device %s", ds.name, ds.num_nodes, ds.num_edges, ds.feat_dim,
+             task.name, task.out_dim, buffer.num_parts, cfg.buffer_partitions,
+             buffer.nbytes / 2**20, device)
+
+    st = _State()
+    metrics_path, steps_path = out / "metrics.jsonl", out / "steps.jsonl"
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        if sched is not None and ckpt.get("scheduler") is not None:
+            sched.load_state_dict(ckpt["scheduler"])
+        if scaler is not None and ckpt.get("scaler") is not None:
+            scaler.load_state_dict(ckpt["scaler"])
+        for k, v in ckpt["state"].items():
+            setattr(st, k, v)
+        set_rng_state(ckpt["rng"])
+        _rewrite_jsonl(metrics_path, st.history)
+        _rewrite_jsonl(steps_path, [r for r in _read_jsonl(steps_path) if r["step"] < st.global_step])
+        log.info("resumed %s at epoch %d, batch %d (step %d)", out, st.epoch, st.step, st.global_step)
+    else:
+        for p in (metrics_path, steps_path):
+            p.write_text("")
+    steps_f = open(steps_path, "a")
+
+    def checkpoint() -> None:
+        steps_f.flush()
+        save_checkpoint({
+            "format": CHECKPOINT_FORMAT, "model": model.state_dict(), "optimizer": opt.state_dict(),
+            "scheduler": sched.state_dict() if sched is not None else None,
+            "scaler": scaler.state_dict() if scaler is not None else None, "rng": rng_state(),
+            "state": dict(st.as_dict(), elapsed_s=st.elapsed_s + time.perf_counter() - t_start),
+            "config": cfg.to_dict()}, ckpt_path)
+
+    steps_per_epoch = task.steps_per_epoch
+    bar = tqdm(total=cfg.epochs * steps_per_epoch, initial=st.global_step, disable=not cfg.progress,
+               unit="batch", dynamic_ncols=True, desc="train")
+    elapsed0 = st.elapsed_s
+    try:
+        for epoch in range(st.epoch, cfg.epochs):
+            if st.stopped_early:
+                break
+            t0 = time.perf_counter()
+            model.train()
+            plan = task.plan(epoch)
+            if st.step == 0:
+                st.acc = _fresh_acc()
+                buffer.reset_stats()
+            acc = st.acc
+            it = task.batches(plan, epoch, st.step)
+            try:
+                while True:
+                    t_wait = time.perf_counter()
+                    batch = next(it, None)
+                    t_got = time.perf_counter()
+                    if batch is None:
+                        break
+                    ctx = torch.autocast(device_type=device.type, dtype=amp_dtype) if use_amp \
+                        else nullcontext()
+                    with ctx:
+                        loss, bstats = task.loss(model, batch, device)
+                    opt.zero_grad()
+                    if scaler is not None:
+                        scaler.scale(loss).backward()
+                        scaler.step(opt)
+                        scaler.update()
+                    else:
+                        loss.backward()
+                        opt.step()
+                    lv = float(loss.detach())
+                    t_done = time.perf_counter()
+                    st.losses.append(lv)
+                    acc["loss"] += lv * bstats["seen"]
+                    for k in ("seen", "correct", "tp", "err", "edges", "sample_s", "gather_s"):
+                        acc[k] += bstats.get(k, 0)
+                    acc["stall_s"] += t_got - t_wait
+                    acc["compute_s"] += t_done - t_got
+                    acc["train_time_s"] += t_done - t_wait
+                    st.global_step += 1
+                    st.step += 1
+                    steps_f.write(json.dumps({
+                        "step": st.global_step - 1, "epoch": epoch, "batch": st.step - 1,
+                        "t": round(elapsed0 + t_done - t_start, 6), "stall_s": round(t_got - t_wait, 6),
+                        "compute_s": round(t_done - t_got, 6), "sample_s": round(bstats.get("sample_s", 0.0), 6),
+                        "gather_s": round(bstats.get("gather_s", 0.0), 6), "loss": lv,
+                        "seeds": bstats["seen"]}) + "\n")
+                    bar.update(1)
+                    bar.set_postfix(epoch=epoch, loss=f"{lv:.4f}", hit=f"{buffer.stats.hit_ratio:.3f}")
+                    if cfg.checkpoint_every and st.global_step % cfg.checkpoint_every == 0 \
+                            and st.step < len(plan.batches):
+                        checkpoint()
+                    _fault_pause(st.global_step)
+                    if stop_after_steps is not None and st.global_step >= stop_after_steps:
+                        raise Interrupted(f"stopped after {st.global_step} steps")
+            finally:
+                close = getattr(it, "close", None)
+                if close is not None:
+                    close()
+            # ---- epoch end: evaluation, record, schedule, early stopping, checkpoint
+            seen = max(acc["seen"], 1)
+            tt = max(acc["train_time_s"], 1e-9)
+            rec: dict = {"epoch": epoch, "loss": acc["loss"] / seen, "train_acc": task.train_score(acc)
+                         if hasattr(task, "train_score") else None,
+                         "train_time_s": acc["train_time_s"], "seeds_per_s": acc["seen"] / tt,
+                         "edges_per_s": acc["edges"] / tt, "sampled_edges": acc["edges"],
+                         "stall_s": acc["stall_s"], "compute_s": acc["compute_s"],
+                         "sample_s": acc["sample_s"], "gather_s": acc["gather_s"],
+                         "lr": opt.param_groups[0]["lr"], "steps": st.global_step}
+            if (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1:
+                te = time.perf_counter()
+                scores = task.evaluate(model, device)
+                rec.update(scores)
+                rec["eval_time_s"] = time.perf_counter() - te
+                val = scores[task.select]
+                if val > st.best_val:
+                    st.best_val, st.best_test, st.best_epoch = val, scores[task.test_key], epoch
+                    st.bad_evals = 0
+                    _save_atomic(model.state_dict(), out / "model.pt")
+                else:
+                    st.bad_evals += 1
+                if cfg.patience and st.bad_evals >= cfg.patience:
+                    st.stopped_early = True
+                if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                    sched.step(val)
+            if sched is not None and not isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                sched.step()
+            buffer.drain()
+            io = buffer.reset_stats()
+            rec.update(io.as_dict())
+            rec["epoch_time_s"] = time.perf_counter() - t0
+            for k in st.totals:
+                st.totals[k] += getattr(io, k)
+            st.history.append(rec)
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(rec, sort_keys=True) + "\n")
+            msg = (f"epoch {epoch}: loss {rec['loss']:.4f} "
+                   + (f"train {rec['train_acc']:.4f} " if rec["train_acc"] is not None else "")
+                   + f"{rec['seeds_per_s']:.0f} seeds/s {rec['edges_per_s'] / 1e6:.2f} M edges/s "
+                   f"read {io.bytes_read / 2**20:.1f} MiB hit {io.hit_ratio:.3f} "
+                   f"stall {rec['stall_s']:.2f}s")
+            if task.select in rec:
+                msg += f" {task.select} {rec[task.select]:.4f} {task.test_key} {rec[task.test_key]:.4f}"
+            if cfg.progress:
+                bar.write(msg)
+            log.info(msg)
+            st.epoch, st.step = epoch + 1, 0
+            if st.stopped_early:
+                log.info("early stop after epoch %d: no better %s for %d evaluations", epoch,
+                         task.select, cfg.patience)
+            checkpoint()
+    finally:
+        bar.close()
+        steps_f.close()
+        task.close()
+    history = st.history
     metrics = {
-        "test_acc": best_test,
-        "val_acc": best_val,
-        "best_epoch": best_epoch,
-        "final_test_acc": history[-1].get("test_acc"),
+        task.test_key: st.best_test,
+        task.select: st.best_val,
+        "val_score": st.best_val,
+        "test_score": st.best_test,
+        "metric": getattr(task, "metric", task.select),
+        "task": task.name,
+        "best_epoch": st.best_epoch,
+        "final_test_score": history[-1].get(task.test_key) if history else None,
         "epochs": cfg.epochs,
+        "epochs_run": len(history),
+        "stopped_early": st.stopped_early,
+        "steps": st.global_step,
         "epoch_time_s": [h["epoch_time_s"] for h in history],
-        "losses": losses,
-        "bytes_read": total_bytes,
-        "buffer_hit_ratio": total_hits / max(total_hits + total_misses, 1),
-        "row_hits": total_hits,
-        "row_misses": total_misses,
+        "losses": st.losses,
+        "bytes_read": st.totals["bytes_read"],
+        "buffer_hit_ratio": st.totals["row_hits"] / max(st.totals["row_hits"] + st.totals["row_misses"], 1),
+        "row_hits": st.totals["row_hits"],
+        "row_misses": st.totals["row_misses"],
         "buffer_bytes": buffer.nbytes,
         "dataset_feature_bytes": ds.features.nbytes,
         "peak_rss_bytes": peak_rss_bytes(),
-        "wall_time_s": time.perf_counter() - t_start,
+        "wall_time_s": elapsed0 + time.perf_counter() - t_start,
+        "resumed": ckpt is not None,
         "seed": cfg.seed,
         "config": cfg.to_dict(),
         "history": history,
     }
+    if history:
+        last = {k: v for k, v in history[-1].items() if k.startswith(("val_", "test_"))}
+        best = next((h for h in history if h["epoch"] == st.best_epoch), {})
+        metrics.update({k: best[k] for k in best if k.startswith(("val_", "test_"))})
+        metrics["final"] = last
     write_json_atomic(out / "metrics.json", metrics)
     ds.close()
     return metrics

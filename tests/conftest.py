@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
-import pytest
+# OpenMP threads that spin while waiting make torch ops ~100x slower when the cores are shared with
+# other processes (2-core CI / development machines); sleeping waiters cost nothing measurable.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 def _find_shared() -> Path:

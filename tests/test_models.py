@@ -75,3 +75,189 @@ def test_gnn_rejects_block_count_mismatch() -> None:
     m = GNN("sage", 4, 8, 2, num_layers=2)
     with pytest.raises(ValueError, match="1 blocks for 2 layers"):
         m([empty_block()], torch.randn(5, 4))
+
+
+# ---------------------------------------------------------------- issue 6: sparse aggregation
+from ooc.models import GATConv, GINConv, MODELS, aggregate, build_model, edge_softmax  # noqa: E402
+
+
+def _dense_adj(num_dst: int, num_src: int, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    a = torch.zeros(num_dst, num_src)
+    for s, d in zip(src.tolist(), dst.tolist()):
+        a[d, s] += 1.0
+    return a
+
+
+def test_sparse_aggregation_below_average_degree_one_equals_dense() -> None:
+    g = torch.Generator().manual_seed(6)
+    n, nnz = 2000, 400
+    flat = torch.randperm(n * n, generator=g)[:nnz]  # 400 distinct (dst, src) pairs: avg degree 0.2
+    dst, src = flat // n, flat % n
+    x = torch.randn(n, 16, generator=g)
+    b = TorchBlock.from_edges(n, n, src, dst)
+    a = _dense_adj(n, n, src, dst)
+    summed = aggregate(b, x, "sum")
+    assert torch.allclose(summed, a @ x, atol=1e-5)
+    empty_rows = a.sum(1) == 0
+    assert int(empty_rows.sum()) >= 1600
+    assert (summed[empty_rows] == 0).all()
+    deg = a.sum(1, keepdim=True).clamp(min=1)
+    assert torch.allclose(aggregate(b, x, "mean"), (a @ x) / deg, atol=1e-5)
+    mx = aggregate(b, x, "max")
+    assert (mx[empty_rows] == 0).all()
+    for v in torch.nonzero(~empty_rows).flatten()[:50].tolist():
+        assert torch.equal(mx[v], x[a[v] > 0].max(0).values)
+    # a sum-based layer agrees with the dense product too: unnormalised GCN = (A + I) X W
+    layer = GCNConv(16, 4, normalize=False, bias=False)
+    assert torch.allclose(layer(b, x), (a + torch.eye(n)) @ layer.lin(x), atol=1e-4)
+
+
+def test_single_edge_five_nodes() -> None:
+    x = torch.arange(15, dtype=torch.float32).view(5, 3)
+    b = TorchBlock.from_edges(5, 5, src=[0], dst=[1])
+    for reduce in ("sum", "mean", "max"):
+        out = aggregate(b, x, reduce)
+        assert out[1].tolist() == [0.0, 1.0, 2.0]
+        assert (out[[0, 2, 3, 4]] == 0).all()
+    with pytest.raises(ValueError, match="unknown reduce"):
+        aggregate(b, x, "median")
+
+
+# ---------------------------------------------------------------- GAT / GIN values
+def test_edge_softmax_normalises_per_destination() -> None:
+    dst = torch.tensor([0, 0, 2, 2, 2])
+    s = torch.tensor([[0.0, 1.0], [1.0, 1.0], [5.0, -3.0], [5.0, 0.0], [1000.0, 2.0]])
+    a = edge_softmax(dst, s, 4)
+    sums = torch.zeros(4, 2).index_add_(0, dst, a)
+    assert torch.allclose(sums[[0, 2]], torch.ones(2, 2))
+    assert torch.isfinite(a).all()  # no overflow thanks to the max shift
+    assert torch.allclose(a[:2, 0], torch.softmax(torch.tensor([0.0, 1.0]), 0))
+    assert a[4, 0] == 1.0
+
+
+def _gat_dense_reference(layer: GATConv, b: TorchBlock, x: torch.Tensor) -> torch.Tensor:
+    H, F = layer.heads, layer.out_dim
+    h = layer.lin(x).view(-1, H, F)
+    out = torch.zeros(b.num_dst, H, F)
+    for v in range(b.num_dst):
+        nbrs = [u for u, d in zip(b.src.tolist(), b.dst.tolist()) if d == v] + [v]
+        for k in range(H):
+            e = torch.stack([torch.nn.functional.leaky_relu(
+                (layer.att_src[0, k] * h[u, k]).sum() + (layer.att_dst[0, k] * h[v, k]).sum(), 0.2)
+                for u in nbrs])
+            alpha = torch.softmax(e, 0)
+            out[v, k] = sum(alpha[j] * h[u, k] for j, u in enumerate(nbrs))
+    return (out.reshape(b.num_dst, H * F) if layer.concat else out.mean(1)) + layer.bias
+
+
+@pytest.mark.parametrize("concat", [True, False])
+def test_gat_matches_dense_reference(concat: bool) -> None:
+    torch.manual_seed(1)
+    layer = GATConv(4, 3, heads=2, concat=concat)
+    with torch.no_grad():
+        layer.bias.normal_()
+    b = TorchBlock.from_edges(6, 4, src=[1, 2, 4, 0, 5, 5], dst=[0, 0, 0, 1, 1, 2])  # node 3: none
+    x = torch.randn(6, 4)
+    out = layer(b, x)
+    assert out.shape == ((4, 6) if concat else (4, 3))
+    assert torch.allclose(out, _gat_dense_reference(layer, b, x), atol=1e-5)
+    # node 3 has only its self-loop: attention weight 1 on itself
+    h3 = layer.lin(x[3:4]).view(1, 2, 3)
+    expect3 = (h3.reshape(1, 6) if concat else h3.mean(1)) + layer.bias
+    assert torch.allclose(out[3:4], expect3, atol=1e-6)
+
+
+def test_gat_attention_dropout_only_in_training() -> None:
+    torch.manual_seed(2)
+    layer = GATConv(4, 3, heads=2, attn_dropout=0.9)
+    b = TorchBlock.from_edges(6, 4, src=[1, 2, 4, 0, 5, 5], dst=[0, 0, 0, 1, 1, 2])
+    x = torch.randn(6, 4)
+    layer.eval()
+    a, c = layer(b, x), layer(b, x)
+    assert torch.equal(a, c)
+    layer.train()
+    assert not torch.allclose(layer(b, x), a)
+
+
+def test_gin_matches_dense_formula_and_learns_eps() -> None:
+    torch.manual_seed(3)
+    layer = GINConv(4, 5, eps=0.25)
+    b = TorchBlock.from_edges(6, 4, src=[1, 2, 4, 0, 5, 5], dst=[0, 0, 0, 1, 1, 2])
+    x = torch.randn(6, 4)
+    a = _dense_adj(4, 6, b.src, b.dst)
+    expect = layer.mlp(1.25 * x[:4] + a @ x)
+    out = layer(b, x)
+    assert torch.allclose(out, expect, atol=1e-5)
+    out.sum().backward()
+    assert layer.eps.grad is not None and layer.eps.grad.abs().item() > 0
+    fixed = GINConv(4, 5, train_eps=False)
+    assert [n for n, _ in fixed.named_parameters()] == ["mlp.0.weight", "mlp.0.bias", "mlp.2.weight",
+                                                         "mlp.2.bias"]
+
+
+def test_sampled_sum_is_rescaled_to_full_degree() -> None:
+    # node 0 has full in-degree 4 but only 2 sampled neighbours: the sum is scaled by 4 / 2
+    b = TorchBlock(3, 1, torch.tensor([1, 2]), torch.tensor([0, 0]), torch.tensor([4.0, 1.0, 1.0]),
+                   torch.tensor([4.0]), torch.tensor([2.0]))
+    layer = SAGEConv(1, 1, "sum")
+    with torch.no_grad():
+        layer.lin_self.weight.zero_()
+        layer.lin_self.bias.zero_()
+        layer.lin_neigh.weight.fill_(1.0)
+    assert layer(b, torch.tensor([[0.0], [1.0], [2.0]])).item() == 6.0
+
+
+# ---------------------------------------------------------------- every model, degenerate blocks
+def _stack_options() -> list[tuple[str, dict]]:
+    out = []
+    for m in MODELS:
+        out.append((m, {}))
+        out.append((m, {"residual": True, "norm": "batch"}))
+        out.append((m, {"residual": True, "norm": "layer", "activation": "elu"}))
+    out += [("sage", {"aggregator": "max"}), ("sage", {"aggregator": "sum"}),
+            ("gat", {"heads": 4, "out_heads": 2, "attn_dropout": 0.5})]
+    return out
+
+
+@pytest.mark.parametrize("model,opts", _stack_options())
+@pytest.mark.parametrize("case", ["zero_edges", "isolated_nodes"])
+def test_every_model_finite_on_degenerate_blocks(model: str, opts: dict, case: str) -> None:
+    torch.manual_seed(4)
+    if case == "zero_edges":
+        blocks = [TorchBlock.from_edges(7, 5, [], []), TorchBlock.from_edges(5, 3, [], [])]
+    else:  # nodes 1, 3, 4 of the first block and node 2 of the second have no in-edge
+        blocks = [TorchBlock.from_edges(7, 5, [5, 6, 0], [0, 0, 2]),
+                  TorchBlock.from_edges(5, 3, [3], [0])]
+    net = build_model(model, 6, 8, 3, num_layers=2, dropout=0.5, **opts)
+    x = torch.randn(7, 6, requires_grad=True)
+    for mode in ("train", "eval"):
+        getattr(net, mode)()
+        net.zero_grad()
+        x.grad = None
+        out = net(blocks, x)
+        assert out.shape == (3, 3)
+        assert torch.isfinite(out).all()
+        (out ** 2).sum().backward()
+        assert x.grad is not None and torch.isfinite(x.grad).all()
+        grads = [p.grad for p in net.parameters() if p.grad is not None]
+        assert grads and all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_layer_forward_composes_to_forward(model: str) -> None:
+    torch.manual_seed(5)
+    net = build_model(model, 4, 8, 2, num_layers=2, dropout=0.5, residual=True, norm="layer").eval()
+    blocks = [TorchBlock.from_edges(6, 4, [1, 2, 4, 0, 5, 5], [0, 0, 0, 1, 1, 2]),
+              TorchBlock.from_edges(4, 2, [1, 2, 3], [0, 0, 1])]
+    x = torch.randn(6, 4)
+    h = net.layer_forward(0, blocks[0], x)
+    assert torch.equal(net.layer_forward(1, blocks[1], h), net(blocks, x))
+
+
+def test_model_option_errors() -> None:
+    with pytest.raises(ValueError, match="unknown model"):
+        build_model("gcnn", 4, 8, 2, 2, 0.5)
+    with pytest.raises(ValueError, match="not divisible"):
+        build_model("gat", 4, 10, 2, 2, 0.5, heads=4)
+    with pytest.raises(ValueError, match="unknown norm"):
+        build_model("gcn", 4, 8, 2, 2, 0.5, norm="group")

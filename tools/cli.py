@@ -7,6 +7,9 @@
     ooc info DATASET
     ooc verify DATASET
     ooc train DATASET --model gcn --fanout 10,10 --partitions 4 --buffer-partitions 1 --output-dir RUN
+    ooc train --config run.yaml --set model.hidden=256       ooc train --resume RUN
+    ooc eval RUN                                             ooc predict RUN --out preds.zarr
+    ooc report RUN [RUN...] --out report/
     ooc demo
 
 Every command exits non-zero with a one-line error naming the offending file or option on bad input.
@@ -234,24 +237,43 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------- train
+def _flags(args: argparse.Namespace) -> dict:
+    """Options given explicitly on the command line (every config field has a flag)."""
+    from dataclasses import fields
+    from ooc.config import TrainConfig
+    names = {f.name for f in fields(TrainConfig)}
+    return {k: v for k, v in vars(args).items() if k in names}
+
+
 def _train_config(args: argparse.Namespace) -> "TrainConfig":
-    from ooc.config import TrainConfig, parse_fanouts
-    return TrainConfig(
-        dataset=args.dataset, output_dir=args.output_dir, model=args.model,
-        fanouts=parse_fanouts(args.fanout), batch_size=args.batch_size,
-        eval_batch_size=args.eval_batch_size, epochs=args.epochs, lr=args.lr,
-        weight_decay=args.weight_decay, hidden=args.hidden, dropout=args.dropout, seed=args.seed,
-        partitions=args.partitions, buffer_partitions=args.buffer_partitions,
-        io_threads=args.io_threads, prefetch=args.prefetch, replace=args.replace,
-        feat_norm=args.feat_norm, topology=args.topology, eval_every=args.eval_every,
-        progress=not args.no_progress)
+    """Defaults < ``--config`` YAML (or the run's saved config with ``--resume``) < flags < ``--set``."""
+    from ooc.config import TrainConfig
+    resume = getattr(args, "resume", None)
+    if resume:
+        if getattr(args, "config", None):
+            raise ValueError("--resume RUN uses RUN/config.yaml; do not pass --config as well")
+        saved = Path(resume) / "config.yaml"
+        if not saved.exists():
+            raise FileNotFoundError(f"{saved}: not a run directory (no config.yaml)")
+        cfg = TrainConfig.from_sources(saved, _flags(args), getattr(args, "set", None))
+        cfg.output_dir = str(resume)
+        return cfg
+    return TrainConfig.from_sources(getattr(args, "config", None), _flags(args),
+                                    getattr(args, "set", None))
 
 
 def _print_summary(m: dict) -> None:
-    print(f"test accuracy {m['test_acc']:.4f} (best validation {m['val_acc']:.4f} at epoch "
-          f"{m['best_epoch']})")
-    print(f"epoch time    {sum(m['epoch_time_s']) / len(m['epoch_time_s']):.2f} s mean over "
-          f"{m['epochs']} epochs")
+    if m.get("task") == "link":
+        ks = sorted((k for k in m if k.startswith("test_hits@")), key=lambda k: int(k.split("@")[1]))
+        print(f"test MRR      {m['test_mrr']:.4f} (best validation MRR {m['val_mrr']:.4f} at epoch "
+              f"{m['best_epoch']}); " + ", ".join(f"{k[5:]} {m[k]:.4f}" for k in ks))
+    else:
+        name = "micro-F1" if m.get("metric") == "micro_f1" else "accuracy"
+        print(f"test {name} {m['test_acc']:.4f} (best validation {m['val_acc']:.4f} at epoch "
+              f"{m['best_epoch']})")
+    if m["epoch_time_s"]:
+        print(f"epoch time    {sum(m['epoch_time_s']) / len(m['epoch_time_s']):.2f} s mean over "
+              f"{len(m['epoch_time_s'])} epochs" + (" (early stop)" if m.get("stopped_early") else ""))
     print(f"I/O           {_human(m['bytes_read'])} read, buffer hit ratio {m['buffer_hit_ratio']:.3f}, "
           f"{m['row_misses']:,} feature rows read from disk")
     print(f"memory        buffer {_human(m['buffer_bytes'])} of {_human(m['dataset_feature_bytes'])} "
@@ -259,29 +281,82 @@ def _print_summary(m: dict) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    import copy
+
     from ooc.train import train, write_json_atomic
+    base = _train_config(args)
     if args.repeat <= 1:
-        m = train(_train_config(args))
+        m = train(base, resume=bool(args.resume))
         _print_summary(m)
-        print(f"metrics       {Path(args.output_dir) / 'metrics.json'}")
+        print(f"metrics       {Path(base.output_dir) / 'metrics.json'}")
         return 0
+    if args.resume:
+        raise ValueError("--resume continues one run; resume a repeat's runs one by one (RUN/seedN)")
     import numpy as np
-    accs, vals = [], []
+    runs = []
     for i in range(args.repeat):
-        cfg = _train_config(args)
-        cfg.seed = args.seed + i
-        cfg.output_dir = str(Path(args.output_dir) / f"seed{cfg.seed}")
+        cfg = copy.deepcopy(base)
+        cfg.seed = base.seed + i
+        cfg.dataset = base.dataset.format(seed=cfg.seed, i=i)
+        cfg.output_dir = str(Path(base.output_dir) / f"seed{cfg.seed}")
         m = train(cfg)
-        accs.append(m["test_acc"])
-        vals.append(m["val_acc"])
-        print(f"seed {cfg.seed}: test {m['test_acc']:.4f} val {m['val_acc']:.4f}")
-    summary = {"seeds": list(range(args.seed, args.seed + args.repeat)), "test_acc": accs,
-               "val_acc": vals, "test_acc_mean": float(np.mean(accs)),
-               "test_acc_std": float(np.std(accs)), "val_acc_mean": float(np.mean(vals)),
-               "config": _train_config(args).to_dict()}
-    write_json_atomic(Path(args.output_dir) / "summary.json", summary)
-    print(f"test accuracy {100 * np.mean(accs):.2f} +- {100 * np.std(accs):.2f} over {args.repeat} seeds "
-          f"(validation {100 * np.mean(vals):.2f})")
+        runs.append(m)
+        print(f"seed {cfg.seed}: test {m['test_score']:.4f} val {m['val_score']:.4f} "
+              f"({m['metric']}, best epoch {m['best_epoch']})")
+    keys = sorted(k for k in runs[0] if k.startswith(("test_", "val_")) and
+                  isinstance(runs[0][k], (int, float)) and not isinstance(runs[0][k], bool))
+    summary: dict = {"seeds": [r["seed"] for r in runs], "runs": [r["config"]["output_dir"] for r in runs],
+                     "metric": runs[0]["metric"], "config": base.to_dict()}
+    for k in keys:
+        vals = [float(r[k]) for r in runs]
+        summary[k] = vals
+        summary[f"{k}_mean"] = float(np.mean(vals))
+        summary[f"{k}_std"] = float(np.std(vals))
+    Path(base.output_dir).mkdir(parents=True, exist_ok=True)
+    write_json_atomic(Path(base.output_dir) / "summary.json", summary)
+    shown = [k for k in keys if k.startswith("test_") and k != "test_score"] or ["test_score"]
+    for k in shown:
+        if k.startswith("test_"):
+            v = k.replace("test_", "val_", 1)
+            extra = f" (validation {100 * summary[v + '_mean']:.2f})" if v + "_mean" in summary else ""
+            print(f"{k} {100 * summary[k + '_mean']:.2f} +- {100 * summary[k + '_std']:.2f} over "
+                  f"{args.repeat} seeds{extra}")
+    return 0
+
+
+# ---------------------------------------------------------------- eval / predict
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from ooc.inference import eval_run
+    res = eval_run(args.run, dataset=args.dataset, weights=args.weights, workdir=args.workdir,
+                   progress=not args.no_progress)
+    for k in sorted(k for k in res if k.startswith(("val_", "test_"))):
+        print(f"{k:<16} {res[k]:.4f}")
+    print(f"exact layer-wise inference over all nodes in {res['time_s']:.1f} s; "
+          f"{_human(res['bytes_read'])} of features read; results in {Path(args.run) / 'eval.json'}")
+    return 0
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from ooc.inference import predict_run
+    res = predict_run(args.run, args.out, what=args.what, dataset=args.dataset, weights=args.weights,
+                      workdir=args.workdir, progress=not args.no_progress)
+    for name, shape in res["arrays"].items():
+        print(f"{name:<10} {tuple(shape)}")
+    print(f"wrote {res['out']} (rows in original node id order)")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from ooc.report import make_report
+    out = args.out or (str(Path(args.runs[0]) / "report") if len(args.runs) == 1 else "report")
+    try:
+        table, files = make_report(args.runs, out, plots=not args.no_plots)
+    except ImportError as e:
+        print(f"ooc report: error: {e}", file=sys.stderr)
+        return 2
+    print(table)
+    for f in files:
+        print(f"wrote {f}")
     return 0
 
 
@@ -293,34 +368,42 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- parser
 def _add_train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dataset", help="dataset directory written by `ooc convert`")
-    p.add_argument("--model", choices=["sage", "gcn"], default="sage", help="GNN (default: sage)")
-    p.add_argument("--fanout", default="10,10",
-                   help="neighbours per layer, output layer first; -1 = all (default: 10,10)")
-    p.add_argument("--batch-size", type=int, default=256, help="seeds per batch (default: 256)")
-    p.add_argument("--eval-batch-size", type=int, default=1024)
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--weight-decay", type=float, default=5e-4)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--dropout", type=float, default=0.5)
-    p.add_argument("--seed", type=int, default=0)
+    """One flag per :class:`~ooc.config.TrainConfig` field (``--hidden``, ``--residual/--no-residual``,
+    ...), all without defaults so that only given flags override ``--config``."""
+    import typing
+    from dataclasses import MISSING, fields
+
+    from ooc.config import TrainConfig
+    p.add_argument("dataset", nargs="?", default=argparse.SUPPRESS,
+                   help="dataset directory written by `ooc convert` (or data.dataset in --config)")
+    p.add_argument("--config", metavar="YAML", help="run configuration file (see README: Configuration)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one option, e.g. --set model.hidden=256 (repeatable; wins over flags)")
+    p.add_argument("--resume", metavar="RUN",
+                   help="continue RUN from RUN/checkpoint.pt with RUN/config.yaml (bit-identical on CPU)")
     p.add_argument("--repeat", type=int, default=1,
-                   help="train N times with seeds seed..seed+N-1 and report mean +- std")
-    p.add_argument("--partitions", type=int, default=4,
-                   help="node partitions (contiguous id ranges unless stored; default: 4)")
-    p.add_argument("--buffer-partitions", type=int, default=2,
-                   help="feature partitions resident in host memory (default: 2)")
-    p.add_argument("--io-threads", type=int, default=1, help="background partition loaders")
-    p.add_argument("--prefetch", type=int, default=2, help="batches built ahead (0 = synchronous)")
-    p.add_argument("--replace", action="store_true", help="sample neighbours with replacement")
-    p.add_argument("--feat-norm", choices=["none", "row"], default="none",
-                   help="row: divide feature rows by their sum (Kipf & Welling preprocessing)")
-    p.add_argument("--topology", choices=["memory", "mmap"], default="memory",
-                   help="load the CSC topology into memory or map it from disk")
-    p.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs")
-    p.add_argument("--output-dir", default="runs/latest", help="run directory (metrics.json, model.pt)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+                   help="train N times with seeds seed..seed+N-1 and report mean +- std; {seed} / {i} "
+                        "in the dataset path are replaced per run")
+    types = typing.get_type_hints(TrainConfig)
+    for f in fields(TrainConfig):
+        if f.name == "dataset":
+            continue
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        if isinstance(default, list):
+            default = ",".join(str(v) for v in default)
+        kw: dict = {"dest": f.name, "default": argparse.SUPPRESS,
+                    "help": f"{f.metadata.get('help', '')} (default: {default})"}
+        tp = types[f.name]
+        names = ["--" + f.name.replace("_", "-")]
+        if f.name == "fanouts":
+            names = ["--fanout", "--fanouts"]
+        if tp is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        else:
+            kw["type"] = tp if tp in (int, float, str) else str
+            if f.metadata.get("choices"):
+                kw["choices"] = list(f.metadata["choices"])
+        p.add_argument(*names, **kw)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -437,9 +520,44 @@ def build_parser() -> argparse.ArgumentParser:
     ver.set_defaults(func=_cmd_verify)
 
     tr = sub.add_parser("train", help="train a GNN out of core",
-                        description="Train GraphSAGE/GCN with a partition buffer of bounded size.")
+                        description="Train GCN / GraphSAGE / GAT / GIN for node classification or "
+                                    "link prediction with a partition buffer of bounded size. "
+                                    "Options: defaults < --config YAML < flags < --set.")
     _add_train_args(tr)
     tr.set_defaults(func=_cmd_train)
+
+    def run_args(q: argparse.ArgumentParser) -> None:
+        q.add_argument("run", help="run directory of `ooc train` (config.yaml, model.pt)")
+        q.add_argument("--dataset", help="dataset to run on instead of the configured one")
+        q.add_argument("--weights", choices=["best", "last"], default="best",
+                       help="best: model.pt (best validation); last: the latest checkpoint")
+        q.add_argument("--workdir", help="folder for the per-layer Zarr arrays (default RUN/inference, "
+                                         "removed afterwards)")
+        q.add_argument("--no-progress", action="store_true")
+
+    ev = sub.add_parser("eval", help="exact layer-wise inference of a trained run; validation/test scores",
+                        description="Full-neighbour inference over the whole graph, layer by layer, out "
+                                    "of core (each layer's embeddings written to a Zarr array).")
+    run_args(ev)
+    ev.set_defaults(func=_cmd_eval)
+
+    pr = sub.add_parser("predict", help="predictions and embeddings for every node (original id order)",
+                        description="Layer-wise inference; writes predictions, logits and embeddings "
+                                    "with rows in original node id order.")
+    run_args(pr)
+    pr.add_argument("--out", required=True, help="preds.npy (one array, see --what) or preds.zarr "
+                                                 "(group: pred, logits, embedding)")
+    pr.add_argument("--what", choices=["pred", "logits", "embedding"], default="pred",
+                    help="the array written to a .npy file (default: pred)")
+    pr.set_defaults(func=_cmd_predict)
+
+    rep = sub.add_parser("report", help="loss/accuracy curves, I/O-stall timeline (PNG), summary table",
+                         description="Compare training runs: curves.png, io.png and summary.md in --out; "
+                                     "a --repeat directory is one group (mean +- std over its seeds).")
+    rep.add_argument("runs", nargs="+", help="run directories (or --repeat directories)")
+    rep.add_argument("--out", help="output folder (default RUN/report for one run, else ./report)")
+    rep.add_argument("--no-plots", action="store_true", help="print the table only")
+    rep.set_defaults(func=_cmd_report)
 
     demo = sub.add_parser("demo", help="generate a synthetic graph, convert it, train out of core",
                           description="End-to-end run on an embedded synthetic default (no download).")
@@ -454,15 +572,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``ooc`` console script; returns the exit status."""
+    # OpenMP waiters that spin make torch ops ~100x slower when other processes share the cores;
+    # sleeping waiters cost little.  Set before torch is imported; an explicit setting wins.
+    import os
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from ooc.config import ConfigError
     from ooc.storage.dataset import DatasetError
     from ooc.tools.planetoid import PlanetoidError
     try:
         return int(args.func(args) or 0)
-    except (DatasetError, PlanetoidError, FileExistsError, FileNotFoundError, ValueError,
+    except (DatasetError, PlanetoidError, ConfigError, FileExistsError, FileNotFoundError, ValueError,
             OSError) as e:
         print(f"ooc {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,118 @@
+"""Checkpoints and resume: an interrupted run, resumed, is bit-identical to an uninterrupted one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ooc.checkpoint import load_checkpoint
+from ooc.config import TrainConfig
+from ooc.tools.cli import main
+from ooc.train import Interrupted, train
+
+TIMING = ("time", "_s", "per_s", "io_wait", "load_s", "bytes_read", "partition_loads", "row_hits",
+          "row_misses", "buffer_hit_ratio")
+
+
+def _cfg(ds: Path, out: Path, **kw: object) -> TrainConfig:
+    base = dict(dataset=str(ds), output_dir=str(out), model="sage", fanouts=[5, 5], batch_size=64,
+                epochs=2, seed=3, partitions=8, buffer_partitions=2, progress=False,
+                checkpoint_every=4, hidden=16)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _deterministic(rec: dict) -> dict:
+    """An epoch record without its timing and I/O fields (which a resumed run cannot reproduce)."""
+    return {k: v for k, v in rec.items() if not any(t in k for t in TIMING)}
+
+
+def _final_weights(run: Path) -> dict:
+    return load_checkpoint(run / "checkpoint.pt")["model"]
+
+
+def _assert_identical(a: Path, b: Path, ma: dict, mb: dict) -> None:
+    wa, wb = _final_weights(a), _final_weights(b)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    assert ma["losses"] == mb["losses"]
+    assert [_deterministic(h) for h in ma["history"]] == [_deterministic(h) for h in mb["history"]]
+    for k in ("test_acc", "val_acc", "best_epoch", "steps"):
+        assert ma[k] == mb[k], k
+    ba, bb = torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True)
+    assert all(torch.equal(ba[k], bb[k]) for k in ba)
+
+
+@pytest.mark.parametrize("kill_at,opts", [
+    (7, {}),                                                  # mid-epoch, 3 steps after a checkpoint
+    (15, {"model": "gat", "heads": 2, "attn_dropout": 0.3,    # the last batch of epoch 0
+          "lr_schedule": "step", "lr_step": 1, "lr_gamma": 0.5}),
+    (22, {"model": "gin", "norm": "batch", "residual": True, "lr_schedule": "cosine",
+          "checkpoint_every": 0}),                            # no step checkpoints: back to epoch end
+])
+def test_resume_is_bit_identical(planted_dataset: Path, tmp_path: Path, kill_at: int, opts: dict) -> None:
+    full = train(_cfg(planted_dataset, tmp_path / "full", **opts))
+    assert full["steps"] == 30
+    part = _cfg(planted_dataset, tmp_path / "part", **opts)
+    with pytest.raises(Interrupted):
+        train(part, stop_after_steps=kill_at)
+    ck = load_checkpoint(tmp_path / "part" / "checkpoint.pt")
+    every = opts.get("checkpoint_every", 4)
+    expect = kill_at // every * every if every else 15
+    assert ck["state"]["global_step"] == expect
+    resumed = train(_cfg(planted_dataset, tmp_path / "part", **opts), resume=True)
+    assert resumed["resumed"]
+    _assert_identical(tmp_path / "full", tmp_path / "part", full, resumed)
+    # the per-epoch and per-step logs were cut back to the checkpoint, not duplicated
+    lines = (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    steps = (tmp_path / "part" / "steps.jsonl").read_text().splitlines()
+    assert len(steps) == 30
+
+
+def test_sigkill_mid_epoch_then_resume(planted_dataset: Path, tmp_path: Path) -> None:
+    full_run, part_run = tmp_path / "full", tmp_path / "part"
+    args = [str(planted_dataset), "--fanout", "5,5", "--batch-size", "64", "--epochs", "2",
+            "--seed", "5", "--partitions", "8", "--buffer-partitions", "2", "--hidden", "16",
+            "--checkpoint-every", "3", "--no-progress"]
+    assert main(["train", *args, "--output-dir", str(full_run)]) == 0
+    marker = tmp_path / "paused"
+    # step 20 is 5 batches into epoch 1 and 2 steps past the checkpoint of step 18
+    env = dict(os.environ, OOC_FAULT_PAUSE_STEP=f"20:120:{marker}")
+    proc = subprocess.Popen([sys.executable, "-m", "ooc.tools.cli", "train", *args, "--output-dir",
+                             str(part_run)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 240
+    while not marker.exists():
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.time() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    ck = load_checkpoint(part_run / "checkpoint.pt")
+    assert (ck["state"]["epoch"], ck["state"]["step"], ck["state"]["global_step"]) == (1, 3, 18)
+    assert not list(part_run.glob(".checkpoint.pt.tmp-*"))
+    assert main(["train", "--resume", str(part_run), "--no-progress"]) == 0
+    import json
+    mf = json.loads((full_run / "metrics.json").read_text())
+    mp = json.loads((part_run / "metrics.json").read_text())
+    _assert_identical(full_run, part_run, mf, mp)
+
+
+def test_resume_without_checkpoint_fails(tmp_path: Path, planted_dataset: Path,
+                                         capsys: pytest.CaptureFixture) -> None:
+    assert main(["train", "--resume", str(tmp_path / "nothing")]) == 2
+    assert "no config.yaml" in capsys.readouterr().err
+    run = tmp_path / "run"
+    run.mkdir()
+    _cfg(planted_dataset, run).save(run)
+    assert main(["train", "--resume", str(run)]) == 2
+    assert "no checkpoint" in capsys.readouterr().err

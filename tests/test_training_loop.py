@@ -1,0 +1,180 @@
+"""The training loop: YAML config and overrides, label leakage, early stopping, LR schedule,
+per-epoch/per-step logs, multi-label tasks, mixed-precision code path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from ooc.checkpoint import load_checkpoint
+from ooc.config import ConfigError, TrainConfig
+from ooc.models import MODELS, TorchBlock, build_model
+from ooc.tools.cli import main
+from ooc.train import train
+
+
+def _cfg(ds: Path, out: Path, **kw: object) -> TrainConfig:
+    base = dict(dataset=str(ds), output_dir=str(out), model="sage", fanouts=[5, 5], batch_size=64,
+                epochs=2, seed=3, partitions=8, buffer_partitions=2, progress=False, hidden=16)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+# ---------------------------------------------------------------- configuration
+def test_yaml_nested_and_flat_with_precedence(tmp_path: Path) -> None:
+    p = tmp_path / "run.yaml"
+    p.write_text("data: {dataset: d, partitions: 3}\nmodel: {name: gat, hidden: 32, heads: 4}\n"
+                 "epochs: 7\nsampler: {fanouts: [4, 3]}\n")
+    cfg = TrainConfig.from_sources(p, {"hidden": 64, "lr": 0.1}, ["model.hidden=256", "train.lr=0.005",
+                                                                   "residual=true", "fanouts=2,2,2"])
+    assert (cfg.dataset, cfg.partitions, cfg.model, cfg.heads, cfg.epochs) == ("d", 3, "gat", 4, 7)
+    assert cfg.hidden == 256 and cfg.lr == 0.005 and cfg.residual is True
+    assert cfg.fanouts == [2, 2, 2]
+    # the saved YAML reproduces the configuration
+    again = TrainConfig().update(yaml.safe_load(cfg.to_yaml()))
+    assert again == cfg
+
+
+@pytest.mark.parametrize("sets,match", [
+    (["model.hiden=3"], "did you mean 'model.hidden'"),
+    (["hidden=abc"], "hidden expects int"),
+    (["residual=maybe"], "residual expects bool"),
+    (["lr"], "expected KEY=VALUE"),
+])
+def test_config_errors_name_the_option(sets: list[str], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        TrainConfig().apply_sets(sets)
+
+
+def test_validate_rejects_bad_combinations() -> None:
+    with pytest.raises(ValueError, match="model must be one of"):
+        TrainConfig(dataset="d", model="mlp").validate()
+    with pytest.raises(ValueError, match="divisible by heads"):
+        TrainConfig(dataset="d", model="gat", hidden=10, heads=4).validate()
+    with pytest.raises(ValueError, match="no dataset"):
+        TrainConfig().validate()
+
+
+def test_cli_config_file_flags_and_set(planted_dataset: Path, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture) -> None:
+    conf = tmp_path / "run.yaml"
+    conf.write_text(yaml.safe_dump({
+        "data": {"dataset": str(planted_dataset), "partitions": 8, "buffer_partitions": 2},
+        "sampler": {"fanouts": [5, 5], "batch_size": 128},
+        "model": {"name": "gcn", "hidden": 32},
+        "train": {"epochs": 3, "lr": 0.02},
+        "run": {"output_dir": str(tmp_path / "ignored"), "progress": False}}))
+    run = tmp_path / "run"
+    rc = main(["train", "--config", str(conf), "--epochs", "1", "--output-dir", str(run),
+               "--set", "model.hidden=8", "--set", "model.name=gin"])
+    assert rc == 0, capsys.readouterr().err
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["model"]["name"] == "gin" and saved["model"]["hidden"] == 8
+    assert saved["train"]["epochs"] == 1 and saved["train"]["lr"] == 0.02
+    assert saved["sampler"]["batch_size"] == 128
+    flat = json.loads((run / "config.json").read_text())
+    assert flat["model"] == "gin" and flat["hidden"] == 8
+    assert not (tmp_path / "ignored").exists()
+    # the saved config reruns the same training
+    assert main(["train", "--config", str(run / "config.yaml"), "--output-dir", str(tmp_path / "b")]) == 0
+    a = json.loads((run / "metrics.json").read_text())
+    b = json.loads((tmp_path / "b" / "metrics.json").read_text())
+    assert a["losses"] == b["losses"]
+    assert main(["train", "--config", str(conf), "--set", "model.hidden=x"]) == 2
+    assert "hidden expects int" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- label leakage
+def test_poisoned_validation_and_test_labels_leave_training_unchanged(tmp_path: Path) -> None:
+    from ooc.kernels.generators import planted_partition
+    from ooc.tools.convert import write_graph_dataset
+    g = planted_partition(1500, num_classes=4, avg_degree=8, feat_dim=16, noise=2.0, seed=2,
+                          train_frac=0.3)
+    poisoned = g.labels.copy()
+    poisoned[g.valid] = -1
+    poisoned[g.test] = -1
+    paths = []
+    for name, labels in (("clean", g.labels), ("poisoned", poisoned)):
+        paths.append(write_graph_dataset(tmp_path / name, g.num_nodes, g.src, g.dst, g.features, labels,
+                                         {"train": g.train, "valid": g.valid, "test": g.test},
+                                         g.num_classes, name))
+    runs = []
+    for p in paths:
+        m = train(_cfg(p, tmp_path / f"run-{p.name}", model="gat", heads=2, epochs=3))
+        runs.append((m, load_checkpoint(tmp_path / f"run-{p.name}" / "checkpoint.pt")["model"]))
+    (ma, wa), (mb, wb) = runs
+    assert ma["losses"] == mb["losses"]
+    assert [h["train_acc"] for h in ma["history"]] == [h["train_acc"] for h in mb["history"]]
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert ma["test_acc"] > 0.5 and mb["test_acc"] == 0.0  # only evaluation saw the labels
+
+
+# ---------------------------------------------------------------- loop features
+def test_early_stopping_and_best_model(planted_dataset: Path, tmp_path: Path) -> None:
+    # lr 0: the model never changes, so validation never improves after the first evaluation
+    m = train(_cfg(planted_dataset, tmp_path / "run", epochs=10, lr=0.0, patience=2))
+    assert m["stopped_early"] and m["epochs_run"] == 3
+    assert m["best_epoch"] == 0
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+def test_lr_schedule_and_logs(planted_dataset: Path, tmp_path: Path) -> None:
+    m = train(_cfg(planted_dataset, tmp_path / "run", epochs=3, lr_schedule="step", lr_step=1,
+                   lr_gamma=0.5))
+    assert [h["lr"] for h in m["history"]] == [0.01, 0.005, 0.0025]
+    recs = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in recs] == [0, 1, 2]
+    for r in recs:
+        for k in ("loss", "train_acc", "val_acc", "test_acc", "seeds_per_s", "edges_per_s", "stall_s",
+                  "bytes_read", "buffer_hit_ratio", "epoch_time_s", "lr"):
+            assert k in r, k
+        assert r["seeds_per_s"] > 0 and r["edges_per_s"] > 0
+    steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == list(range(45))
+    assert [s["loss"] for s in steps] == m["losses"]
+    assert all(s["stall_s"] >= 0 and s["compute_s"] > 0 for s in steps)
+    assert steps[-1]["t"] > steps[0]["t"]
+    assert sum(s["seeds"] for s in steps[:15]) == 900
+
+
+def test_multilabel_node_classification(tmp_path: Path) -> None:
+    from ooc.kernels.generators import planted_partition
+    from ooc.tools.convert import write_graph_dataset
+    g = planted_partition(1500, num_classes=4, avg_degree=8, feat_dim=16, noise=1.0, seed=4,
+                          train_frac=0.4)
+    y = np.zeros((g.num_nodes, 3), dtype=np.int32)  # class 0/1 -> bit 0, class 1/2 -> bit 1, 3 -> bit 2
+    y[:, 0] = g.labels <= 1
+    y[:, 1] = (g.labels == 1) | (g.labels == 2)
+    y[:, 2] = g.labels == 3
+    ds = write_graph_dataset(tmp_path / "ml", g.num_nodes, g.src, g.dst, g.features, y,
+                             {"train": g.train, "valid": g.valid, "test": g.test}, 3, "multilabel")
+    m = train(_cfg(ds, tmp_path / "run", epochs=3, model="sage", lr=0.02))
+    assert m["metric"] == "micro_f1"
+    assert m["test_acc"] > 0.7
+    assert m["history"][-1]["train_acc"] > 0.6
+
+
+def test_amp_flag_is_ignored_on_cpu(planted_dataset: Path, tmp_path: Path) -> None:
+    a = train(_cfg(planted_dataset, tmp_path / "a", epochs=1))
+    b = train(_cfg(planted_dataset, tmp_path / "b", epochs=1, amp=True, device="cpu"))
+    assert a["losses"] == b["losses"]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_model_runs_under_autocast(model: str) -> None:
+    """The mixed-precision code path (autocast) on CPU with bfloat16: the layers accept mixed dtypes."""
+    torch.manual_seed(0)
+    net = build_model(model, 6, 8, 3, num_layers=2, dropout=0.1, heads=2, residual=True, norm="batch")
+    blocks = [TorchBlock.from_edges(7, 5, [5, 6, 0, 1], [0, 0, 2, 3]), TorchBlock.from_edges(5, 3, [3, 4], [0, 2])]
+    x = torch.randn(7, 6)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        out = net(blocks, x)
+    loss = out.float().square().mean()
+    loss.backward()
+    assert torch.isfinite(out.float()).all()
+    assert all(torch.isfinite(p.grad).all() for p in net.parameters() if p.grad is not None)
