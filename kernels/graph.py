@@ -194,8 +194,16 @@ def sort_segments(offsets: np.ndarray, idx: np.ndarray, weight: np.ndarray, dedu
                 segw = weight[a:b][order]
                 idx[a:b] = seg
                 weight[a:b] = segw
+            elif b - a <= 16:
+                for i in range(a + 1, b):  # insertion sort: most segments are short
+                    x = idx[i]
+                    j = i - 1
+                    while j >= a and idx[j] > x:
+                        idx[j + 1] = idx[j]
+                        j -= 1
+                    idx[j + 1] = x
             else:
-                idx[a:b] = np.sort(idx[a:b])
+                idx[a:b].sort()
         start = w
         for i in range(a, b):
             if dedup and i > a and idx[i] == idx[i - 1]:

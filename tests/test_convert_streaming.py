@@ -441,3 +441,20 @@ def test_remap_10m_random_64bit_ids_bounded_memory(tmp_path: Path) -> None:
     assert n == uniq.shape[0]
     assert np.array_equal(np.load(tmp_path / "ids.npy"), uniq)
     assert np.array_equal(np.load(tmp_path / "mapped.npy"), inverse.reshape(2, -1))
+
+
+def test_prefetched_order_and_errors() -> None:
+    from ooc.tools.streaming import prefetched
+    assert list(prefetched(iter(range(10)), depth=2)) == list(range(10))
+
+    def boom():
+        yield 1
+        raise ValueError("bad chunk")
+    it = prefetched(boom())
+    assert next(it) == 1
+    with pytest.raises(ValueError, match="bad chunk"):
+        next(it)
+    # abandoning the consumer stops the producer
+    gen = prefetched(iter(range(1000)), depth=1)
+    assert next(gen) == 0
+    gen.close()
