@@ -377,7 +377,7 @@ def test_sigkill_during_bucket_build_leaves_nothing(tmp_path: Path) -> None:
     marker = tmp_path / "paused"
     env = dict(os.environ, OOC_FAULT_PAUSE=f"csc-scatter:60:{marker}")
     cmd = [sys.executable, "-m", "ooc.tools.cli", "convert", "numpy", str(tmp_path / "e.npy"),
-           "--out", str(out), "--memory-budget", "230000"]
+           "--out", str(out), "--memory-budget", "80000"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while not marker.exists():

@@ -48,7 +48,7 @@ def test_rmat_skewed_degrees_and_homophily() -> None:
 def test_generate_dataset_and_determinism(tmp_path: Path) -> None:
     rc = main(["generate", "rmat", "--nodes", "3000", "--edges", "20000", "--feat-dim", "8",
                "--classes", "4", "--seed", "5", "--out", str(tmp_path / "a"), "--partitions", "4",
-               "--memory-budget", "1000000"])
+               "--memory-budget", "300000"])
     assert rc == 0
     ds = Dataset(tmp_path / "a")
     assert ds.num_nodes == 3000 and ds.num_edges == 20000 and ds.feat_dim == 8

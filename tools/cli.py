@@ -112,7 +112,7 @@ def _add_graph_args(p: argparse.ArgumentParser, node_files: bool = True) -> None
     p.add_argument("--out", required=True, help="dataset directory to write")
     p.add_argument("--name", help="dataset name (default: the input's name)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
-    p.add_argument("--num-nodes", type=int, help="declared node count N (ids must be below it)")
+    p.add_argument("--num-nodes", type=_count, help="declared node count N (ids must be below it)")
     p.add_argument("--ids", choices=["dense", "map", "string", "typed"], default="dense",
                    help="dense: ids are 0..N-1; map: sparse 64-bit ids renumbered in order; "
                         "string: any token; typed: per-type ids (--node-types)")

@@ -201,6 +201,8 @@ class _Job:
         opts.validate()
         self.opts = opts
         self.budget = parse_bytes(opts.memory_budget)
+        # chunk buffers take ~40 B per chunk edge; keep them to ~10% of the budget
+        opts.chunk_edges = min(opts.chunk_edges, max(self.budget // 400, 1024))
         self.w = DatasetWriter(out, overwrite=overwrite)
         self.work = self.w.tmp / "_work"
         self.work.mkdir()
