@@ -200,6 +200,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"features     {ds.feat_dim} x {man['arrays']['nodes/features']['dtype']}"
           if ds.has("features") else "features     none")
     print(f"classes      {ds.num_classes}")
+    if man.get("id_map"):
+        kind = man["id_map"]["kind"]
+        extra = (", types " + ", ".join(f"{t['name']} [{t['offset']}, {t['offset'] + t['count']})"
+                                        for t in man.get("node_types", [])) if kind == "typed" else "")
+        print(f"ids          external {kind} ids mapped to 0..N-1{extra}")
     for s in ("train", "valid", "test"):
         print(f"split {s:<6} {ds.split(s).shape[0]:,} nodes")
     off = ds.partition_offsets
