@@ -377,7 +377,7 @@ def test_sigkill_during_bucket_build_leaves_nothing(tmp_path: Path) -> None:
     marker = tmp_path / "paused"
     env = dict(os.environ, OOC_FAULT_PAUSE=f"csc-scatter:60:{marker}")
     cmd = [sys.executable, "-m", "ooc.tools.cli", "convert", "numpy", str(tmp_path / "e.npy"),
-           "--out", str(out), "--memory-budget", "230000"]
+           "--out", str(out), "--memory-budget", "80000"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while not marker.exists():
@@ -441,3 +441,20 @@ def test_remap_10m_random_64bit_ids_bounded_memory(tmp_path: Path) -> None:
     assert n == uniq.shape[0]
     assert np.array_equal(np.load(tmp_path / "ids.npy"), uniq)
     assert np.array_equal(np.load(tmp_path / "mapped.npy"), inverse.reshape(2, -1))
+
+
+def test_prefetched_order_and_errors() -> None:
+    from ooc.tools.streaming import prefetched
+    assert list(prefetched(iter(range(10)), depth=2)) == list(range(10))
+
+    def boom():
+        yield 1
+        raise ValueError("bad chunk")
+    it = prefetched(boom())
+    assert next(it) == 1
+    with pytest.raises(ValueError, match="bad chunk"):
+        next(it)
+    # abandoning the consumer stops the producer
+    gen = prefetched(iter(range(1000)), depth=1)
+    assert next(gen) == 0
+    gen.close()

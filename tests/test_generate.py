@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from ooc.kernels.rmat import scramble
 from ooc.storage.dataset import Dataset
@@ -47,7 +48,7 @@ def test_rmat_skewed_degrees_and_homophily() -> None:
 def test_generate_dataset_and_determinism(tmp_path: Path) -> None:
     rc = main(["generate", "rmat", "--nodes", "3000", "--edges", "20000", "--feat-dim", "8",
                "--classes", "4", "--seed", "5", "--out", str(tmp_path / "a"), "--partitions", "4",
-               "--memory-budget", "1000000"])
+               "--memory-budget", "300000"])
     assert rc == 0
     ds = Dataset(tmp_path / "a")
     assert ds.num_nodes == 3000 and ds.num_edges == 20000 and ds.feat_dim == 8
@@ -74,3 +75,17 @@ def test_gnn_learns_planted_labels(tmp_path: Path) -> None:
                           seed=0))
     # features alone: the nearest centroid at noise 3.0 in 16-d gets roughly 0.6; chance is 0.25
     assert m["test_acc"] > 0.85, m["test_acc"]
+
+
+@pytest.mark.slow
+def test_bench_convert_smoke(tmp_path: Path) -> None:
+    """Three fresh interpreters (input, streaming, NumPy): slow on a loaded machine."""
+    from ooc.tools.bench import bench_convert
+    rec = bench_convert(20_000, 1_000, tmp_path, "64MB", baseline=True, drop=False,
+                        results=tmp_path / "r.jsonl")
+    assert rec["edges"] == 20_000 and rec["nodes"] == 1_000
+    for k in ("streaming", "numpy"):
+        assert rec[k]["seconds"] > 0 and rec[k]["peak_rss_bytes"] > 0
+    assert rec["streaming"]["buckets"] == 1
+    assert (tmp_path / "r.jsonl").read_text().count("\n") == 1
+    assert not list(tmp_path.glob("*.npy")) and not (tmp_path / "ds-e20000").exists()

@@ -115,7 +115,7 @@ def _add_graph_args(p: argparse.ArgumentParser, node_files: bool = True) -> None
     p.add_argument("--out", required=True, help="dataset directory to write")
     p.add_argument("--name", help="dataset name (default: the input's name)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
-    p.add_argument("--num-nodes", type=int, help="declared node count N (ids must be below it)")
+    p.add_argument("--num-nodes", type=_count, help="declared node count N (ids must be below it)")
     p.add_argument("--ids", choices=["dense", "map", "string", "typed"], default="dense",
                    help="dense: ids are 0..N-1; map: sparse 64-bit ids renumbered in order; "
                         "string: any token; typed: per-type ids (--node-types)")
@@ -203,6 +203,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"features     {ds.feat_dim} x {man['arrays']['nodes/features']['dtype']}"
           if ds.has("features") else "features     none")
     print(f"classes      {ds.num_classes}")
+    if man.get("id_map"):
+        kind = man["id_map"]["kind"]
+        extra = (", types " + ", ".join(f"{t['name']} [{t['offset']}, {t['offset'] + t['count']})"
+                                        for t in man.get("node_types", [])) if kind == "typed" else "")
+        print(f"ids          external {kind} ids mapped to 0..N-1{extra}")
     for s in ("train", "valid", "test"):
         print(f"split {s:<6} {ds.split(s).shape[0]:,} nodes")
     off = ds.partition_offsets

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Iterator, Sequence
 
+import lmdb
 import numpy as np
 
 from ooc.kernels.graph import build_csc, index_dtype_for, take_edges
 from ooc.storage.dataset import DatasetWriter
 from ooc.tools.planetoid import read_planetoid
+from ooc.storage.idmap import write_int_id_map, write_str_id_map
+from ooc.tools.readers import (InputError, NumpyEdges, TextTable, _pread_into,
+                               load_array, read_string_pairs)
+from ooc.tools.streaming import (DEFAULT_CHUNK_EDGES, EdgeChunk, SpoolWriter,
+                                 SymmetricSource, build_csc_to_writer, parse_bytes,
+                                 rank_of, spool_with_id_map)
 
 __all__ = ["convert_planetoid", "write_graph_dataset", "convert_edgelist", "convert_numpy",
            "convert_ogb", "convert_geom_gcn", "GraphOptions", "NodeInputs", "parse_node_types"]
@@ -88,20 +98,7 @@ def convert_planetoid(raw_dir: str | Path, name: str, out: str | Path, overwrite
     return path
 
 
-# ====================================================================== streaming converters (issue 3)
-import shutil  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from typing import Iterator, Sequence  # noqa: E402
-
-import lmdb  # noqa: E402
-
-from ooc.storage.idmap import write_int_id_map, write_str_id_map  # noqa: E402
-from ooc.tools.readers import (InputError, NumpyEdges, TextTable, _pread_into,  # noqa: E402
-                               load_array, read_string_pairs)
-from ooc.tools.streaming import (DEFAULT_CHUNK_EDGES, EdgeChunk, SpoolWriter,  # noqa: E402
-                                 SymmetricSource, build_csc_to_writer, parse_bytes,
-                                 rank_of, spool_with_id_map)
-
+# ---------------------------------------------------------------- streaming converters (issue 3)
 ID_MODES = ("dense", "map", "string", "typed")
 
 
@@ -204,6 +201,8 @@ class _Job:
         opts.validate()
         self.opts = opts
         self.budget = parse_bytes(opts.memory_budget)
+        # chunk buffers take ~40 B per chunk edge; keep them to ~10% of the budget
+        opts.chunk_edges = min(opts.chunk_edges, max(self.budget // 400, 1024))
         self.w = DatasetWriter(out, overwrite=overwrite)
         self.work = self.w.tmp / "_work"
         self.work.mkdir()
@@ -412,7 +411,6 @@ class _Job:
         return out
 
 
-from typing import Callable  # noqa: E402
 
 
 def _where_line(path: Path, lines: np.ndarray) -> Callable[[int], str]:

@@ -122,8 +122,9 @@ def generate_rmat(out: str | Path, num_nodes: int, num_edges: int, feat_dim: int
         raise ValueError(f"split fractions {splits} must be >= 0 and sum to <= 1")
     if feat_dtype not in ("float16", "float32"):
         raise ValueError(f"feat_dtype must be float16 or float32, got {feat_dtype!r}")
-    src = RmatSource(num_nodes, num_edges, num_classes, homophily, seed, abc, chunk_edges)
     budget = parse_bytes(memory_budget)
+    chunk_edges = min(chunk_edges, max(budget // 400, 1024))  # chunk buffers ~10% of the budget
+    src = RmatSource(num_nodes, num_edges, num_classes, homophily, seed, abc, chunk_edges)
     with DatasetWriter(out, overwrite=overwrite) as w:
         work = w.tmp / "_work"
         work.mkdir()

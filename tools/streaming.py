@@ -488,7 +488,8 @@ def build_csc_streaming(source: EdgeSource, num_nodes: int, out_indices: object,
     bar.close()
     t_count = time.perf_counter() - t0
     # ---- plan
-    # degree + bucket-of-node arrays, the chunk being processed, its scattered copy, 2 prefetched
+    # degree array and its prefix sum while planning (16 B/node, rounded up to 20), the chunk being
+    # processed with its bucket ids and scattered copy, 2 prefetched chunks
     fixed = 8 * n * 2 + 4 * n + max_chunk * (4 * 8 + 2 * isz + (12 if has_w else 0))
     per_edge = 3 * isz + (12 if has_w else 0)
     avail = memory_budget - fixed
@@ -532,7 +533,6 @@ def build_csc_streaming(source: EdgeSource, num_nodes: int, out_indices: object,
         # ---- pass B: distribute into bucket files
         bdir = workdir / "buckets"
         bdir.mkdir(parents=True, exist_ok=True)
-        bucket_of = np.repeat(np.arange(k, dtype=np.int32), np.diff(bounds))
         files = [[bdir / f"b{b}.src", bdir / f"b{b}.dst", bdir / f"b{b}.w"] for b in range(k)]
         bar = tqdm(total=total, unit="edge", unit_scale=True, disable=not progress, desc="scatter",
                    dynamic_ncols=True)
@@ -543,7 +543,7 @@ def build_csc_streaming(source: EdgeSource, num_nodes: int, out_indices: object,
             w = np.empty(m if has_w else 0, dtype=np.float32)
             off = kg.bucket_scatter(c.src.astype(idx_dtype, copy=False),
                                     c.dst.astype(idx_dtype, copy=False),
-                                    empty_w if c.weight is None else c.weight, bucket_of, k, s, d, w)
+                                    empty_w if c.weight is None else c.weight, bounds, k, s, d, w)
             for b in np.flatnonzero(np.diff(off)).tolist():
                 a, z = int(off[b]), int(off[b + 1])
                 with open(files[b][0], "ab") as f:
@@ -555,7 +555,6 @@ def build_csc_streaming(source: EdgeSource, num_nodes: int, out_indices: object,
                         w[a:z].tofile(f)
             bar.update(m)
         bar.close()
-        del bucket_of
         t_scatter = time.perf_counter() - t1
         _fault_point("csc-scatter")
         # ---- pass C: one bucket at a time
