@@ -3,6 +3,7 @@
     ooc convert planetoid --raw-dir DIR --name cora --out DATASET
     ooc info DATASET
     ooc verify DATASET
+    ooc partition DATASET --parts 8 --method metis
     ooc train DATASET --model gcn --fanout 10,10 --partitions 4 --buffer-partitions 1 --output-dir RUN
     ooc demo
 
@@ -210,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Train GraphSAGE/GCN with a partition buffer of bounded size.")
     _add_train_args(tr)
     tr.set_defaults(func=_cmd_train)
+
+    from ooc.tools.partition import add_partition_parser
+    add_partition_parser(sub)
 
     demo = sub.add_parser("demo", help="generate a synthetic graph, convert it, train out of core",
                           description="End-to-end run on an embedded synthetic default (no download).")
