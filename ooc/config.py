@@ -57,6 +57,13 @@ class TrainConfig:
     topology: str = "memory"
     eval_every: int = 1
     progress: bool = True
+    # out-of-core engine (issue 5; see ooc.engine)
+    mode: str = "exact"
+    memory_budget: str = ""
+    ordering: str = "comet"
+    cache_policy: str = "sieve"
+    cache_size: str = ""
+    direct_io: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -75,7 +82,7 @@ class TrainConfig:
                              f"{self.partitions}")
         if self.feat_norm not in ("none", "row"):
             raise ValueError(f"feat_norm must be none or row, got {self.feat_norm!r}")
-        if self.topology not in ("memory", "mmap"):
-            raise ValueError(f"topology must be memory or mmap, got {self.topology!r}")
+        from ooc.engine import validate_engine_options
+        validate_engine_options(self)
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")

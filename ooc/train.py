@@ -23,9 +23,9 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from ooc.buffer import PartitionBuffer, contiguous_partitions
 from ooc.config import TrainConfig
-from ooc.loader import BatchLoader, plan_epoch
+from ooc.engine import build_data_path, warm_up_runtime
+from ooc.loader import BatchLoader
 from ooc.models import build_model
 from ooc.storage.dataset import Dataset
 
@@ -60,7 +60,7 @@ def _save_atomic(obj: object, path: Path) -> None:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: BatchLoader, ids: np.ndarray, num_layers: int,
+def evaluate(model: nn.Module, loader: "BatchLoader", ids: np.ndarray, num_layers: int,
              batch_size: int) -> float:
     """Accuracy on ``ids`` with full neighbourhoods (fanout -1 at every layer).
 
@@ -97,34 +97,22 @@ def train(cfg: TrainConfig) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "config.json", cfg.to_dict())
 
+    rss = warm_up_runtime(cfg.model, len(cfg.fanouts))  # baseline: the runtime, before any data
     ds = Dataset(cfg.dataset)
     n = ds.num_nodes
-    if cfg.topology == "mmap":
-        indptr = ds.raw("indptr").mmap()
-        indices = ds.raw("indices").mmap()
-    else:
-        indptr, indices = ds.indptr, ds.indices
-    degrees = np.diff(ds.indptr)
     labels = ds.labels
     train_ids, val_ids, test_ids = ds.split("train"), ds.split("valid"), ds.split("test")
     if train_ids.shape[0] == 0:
         raise ValueError(f"{cfg.dataset}: no training nodes")
-    stored = ds.partition_offsets
-    if stored is not None and stored.shape[0] - 1 == cfg.partitions:
-        offsets = stored
-    else:
-        offsets = contiguous_partitions(n, cfg.partitions)
-    buffer = PartitionBuffer(ds.features, offsets, cfg.buffer_partitions, io_threads=cfg.io_threads)
-    loader = BatchLoader(indptr, indices, degrees, labels, buffer, cfg.fanouts, cfg.seed,
-                         replace=cfg.replace, prefetch=cfg.prefetch, feat_norm=cfg.feat_norm)
+    data = build_data_path(cfg, ds, rss)  # mode exact | buffer | hybrid under the memory budget
+    loader, buffer = data.loader, data.buffer
     num_classes = ds.num_classes or int(labels.max()) + 1
     model = build_model(cfg.model, ds.feat_dim, cfg.hidden, num_classes, len(cfg.fanouts), cfg.dropout)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     loss_fn = nn.CrossEntropyLoss()
-    part_of_train = buffer.part_of(train_ids)
-    log.info("dataset %s: %d nodes, %d edges, %d features, %d classes; %d partitions, buffer %d "
-             "(%.1f MiB)", ds.name, n, ds.num_edges, ds.feat_dim, num_classes, cfg.partitions,
-             cfg.buffer_partitions, buffer.nbytes / 2**20)
+    log.info("dataset %s: %d nodes, %d edges, %d features, %d classes; mode %s, %d partitions, "
+             "buffer %.1f MiB", ds.name, n, ds.num_edges, ds.feat_dim, num_classes, cfg.mode,
+             data.budget.num_parts, buffer.nbytes / 2**20)
 
     steps_per_epoch = -(-train_ids.shape[0] // cfg.batch_size)
     bar = tqdm(total=cfg.epochs * steps_per_epoch, disable=not cfg.progress, unit="batch",
@@ -132,16 +120,13 @@ def train(cfg: TrainConfig) -> dict:
     history: list[dict] = []
     losses: list[float] = []
     best_val, best_test, best_epoch = -1.0, 0.0, -1
-    total_bytes = 0
-    total_hits = total_misses = 0
     for epoch in range(cfg.epochs):
         t0 = time.perf_counter()
         model.train()
-        plan = plan_epoch(train_ids, part_of_train, cfg.partitions, cfg.batch_size, cfg.seed, epoch)
-        loader.stall_s = 0.0
+        plan = data.plan(epoch)
         ep_loss, ep_correct, ep_seen, ep_edges = 0.0, 0, 0, 0
         sample_s = gather_s = 0.0
-        for batch in loader.iterate(plan, epoch):
+        for batch in data.iterate(plan, epoch):
             opt.zero_grad()
             logits = model(batch.blocks, batch.x)
             loss = loss_fn(logits, batch.y)
@@ -156,9 +141,10 @@ def train(cfg: TrainConfig) -> dict:
             sample_s += batch.sample_s
             gather_s += batch.gather_s
             bar.update(1)
-            bar.set_postfix(epoch=epoch, loss=f"{lv:.4f}", hit=f"{buffer.stats.hit_ratio:.3f}")
+            bar.set_postfix(epoch=epoch, loss=f"{lv:.4f}", **data.postfix())
         train_time = time.perf_counter() - t0
-        stall = loader.stall_s
+        io = data.epoch_stats()  # training I/O of this epoch (evaluation is counted separately)
+        stall = io["stall_s"]
         rec: dict = {"epoch": epoch, "loss": ep_loss / max(ep_seen, 1),
                      "train_acc": ep_correct / max(ep_seen, 1), "train_time_s": train_time,
                      "seeds_per_s": ep_seen / train_time, "edges_per_s": ep_edges / train_time,
@@ -168,27 +154,31 @@ def train(cfg: TrainConfig) -> dict:
             val_acc = evaluate(model, loader, val_ids, len(cfg.fanouts), cfg.eval_batch_size)
             test_acc = evaluate(model, loader, test_ids, len(cfg.fanouts), cfg.eval_batch_size)
             rec.update(val_acc=val_acc, test_acc=test_acc)
+            ev = data.epoch_stats()
+            rec.update(eval_bytes_read=ev["bytes_read"],
+                       eval_peak_rss_bytes=ev["peak_rss_bytes"])
             if val_acc > best_val:
                 best_val, best_test, best_epoch = val_acc, test_acc, epoch
                 _save_atomic(model.state_dict(), out / "model.pt")
-        buffer.drain()
-        st = buffer.reset_stats()
-        rec.update(st.as_dict())
+        rec.update(io)
         rec["epoch_time_s"] = time.perf_counter() - t0
-        total_bytes += st.bytes_read
-        total_hits += st.row_hits
-        total_misses += st.row_misses
         history.append(rec)
         msg = (f"epoch {epoch}: loss {rec['loss']:.4f} train_acc {rec['train_acc']:.4f} "
                f"{rec['seeds_per_s']:.0f} seeds/s {rec['edges_per_s'] / 1e6:.2f} M edges/s "
-               f"read {st.bytes_read / 2**20:.1f} MiB hit {st.hit_ratio:.3f} stall {stall:.2f}s")
+               f"read {io['bytes_read'] / 2**20:.1f} MiB hit {io['buffer_hit_ratio']:.3f} "
+               f"stall {stall:.2f}s")
+        if cfg.mode != "exact":
+            msg += f" swaps {io['swaps']} (lower bound {io['swaps_lower_bound']})"
+        if data.cache is not None:
+            msg += f" cache hit {io['cache_hit_ratio']:.3f}"
         if "val_acc" in rec:
             msg += f" val {rec['val_acc']:.4f} test {rec['test_acc']:.4f}"
         if cfg.progress:
             bar.write(msg)
         log.info(msg)
     bar.close()
-    buffer.close()
+    summary = data.summary()
+    data.close()
     metrics = {
         "test_acc": best_test,
         "val_acc": best_val,
@@ -197,13 +187,10 @@ def train(cfg: TrainConfig) -> dict:
         "epochs": cfg.epochs,
         "epoch_time_s": [h["epoch_time_s"] for h in history],
         "losses": losses,
-        "bytes_read": total_bytes,
-        "buffer_hit_ratio": total_hits / max(total_hits + total_misses, 1),
-        "row_hits": total_hits,
-        "row_misses": total_misses,
-        "buffer_bytes": buffer.nbytes,
-        "dataset_feature_bytes": ds.features.nbytes,
-        "peak_rss_bytes": peak_rss_bytes(),
+        **summary,
+        "peak_rss_bytes": max([h["peak_rss_bytes"] for h in history]
+                              + [h.get("eval_peak_rss_bytes", 0) for h in history]),
+        "process_peak_rss_bytes": peak_rss_bytes(),
         "wall_time_s": time.perf_counter() - t_start,
         "seed": cfg.seed,
         "config": cfg.to_dict(),

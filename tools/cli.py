@@ -101,7 +101,9 @@ def _train_config(args: argparse.Namespace) -> "TrainConfig":
         partitions=args.partitions, buffer_partitions=args.buffer_partitions,
         io_threads=args.io_threads, prefetch=args.prefetch, replace=args.replace,
         feat_norm=args.feat_norm, topology=args.topology, eval_every=args.eval_every,
-        progress=not args.no_progress)
+        progress=not args.no_progress, mode=args.mode, memory_budget=args.memory_budget,
+        ordering=args.ordering, cache_policy=args.cache_policy, cache_size=args.cache_size,
+        direct_io=args.direct_io)
 
 
 def _print_summary(m: dict) -> None:
@@ -113,6 +115,11 @@ def _print_summary(m: dict) -> None:
           f"{m['row_misses']:,} feature rows read from disk")
     print(f"memory        buffer {_human(m['buffer_bytes'])} of {_human(m['dataset_feature_bytes'])} "
           f"features; peak RSS {_human(m['peak_rss_bytes'])}")
+    if "mode" in m:
+        b = m["budget"]
+        print(f"engine        mode {m['mode']}, {b['slots']} of {b['num_parts']} partitions resident, "
+              f"swaps {m['swaps']}, cache hit ratio {m['cache_hit_ratio']:.3f} "
+              f"({_human(m['cache_bytes'])}), runtime overhead {_human(m['rss_baseline_bytes'])}")
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -173,8 +180,25 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replace", action="store_true", help="sample neighbours with replacement")
     p.add_argument("--feat-norm", choices=["none", "row"], default="none",
                    help="row: divide feature rows by their sum (Kipf & Welling preprocessing)")
-    p.add_argument("--topology", choices=["memory", "mmap"], default="memory",
-                   help="load the CSC topology into memory or map it from disk")
+    p.add_argument("--topology", choices=["memory", "mmap", "disk"], default="memory",
+                   help="CSC topology: in memory, mapped, or read per neighbour list from disk "
+                        "(page-aligned preads; only indptr in memory)")
+    eng = p.add_argument_group("out-of-core engine (see docs/ARCHITECTURE.md)")
+    eng.add_argument("--mode", choices=["exact", "buffer", "hybrid"], default="exact",
+                     help="exact: full-graph sampling, shuffled batches, cache + batched reads; "
+                          "buffer: MariusGNN-style, sample inside the resident partitions; hybrid: "
+                          "seeds from resident partitions, full-graph sampling (default: exact)")
+    eng.add_argument("--memory-budget", default="",
+                     help="host memory for topology, node arrays, batches in flight, partition "
+                          "slots and cache, e.g. 4GB (default: none; sizes from --buffer-partitions)")
+    eng.add_argument("--ordering", choices=["comet", "sequential"], default="comet",
+                     help="partition ordering of buffer/hybrid (default: comet, two-level random)")
+    eng.add_argument("--cache-policy", choices=["sieve", "clock", "lru", "none"], default="sieve",
+                     help="CPU feature cache policy (default: sieve)")
+    eng.add_argument("--cache-size", default="",
+                     help="feature cache bytes (default: what the budget leaves; 0 without a budget)")
+    eng.add_argument("--direct-io", action="store_true",
+                     help="read with O_DIRECT (the page cache does not hold the dataset)")
     p.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs")
     p.add_argument("--output-dir", default="runs/latest", help="run directory (metrics.json, model.pt)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -214,6 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from ooc.tools.partition import add_partition_parser
     add_partition_parser(sub)
+    from ooc.tools.bench_ooc import add_bench_parser
+    add_bench_parser(sub)
 
     demo = sub.add_parser("demo", help="generate a synthetic graph, convert it, train out of core",
                           description="End-to-end run on an embedded synthetic default (no download).")
