@@ -65,6 +65,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
     else:
         sizes = off[1:] - off[:-1]
         print(f"partitions   {sizes.shape[0]} (nodes per partition min {sizes.min():,} max {sizes.max():,})")
+        part = man.get("partitioning")
+        if part:
+            print(f"partitioned  {part['method']}: edge cut {100 * part['cut_fraction']:.2f}%, training "
+                  f"nodes per partition {min(part['train_per_part']):,}-{max(part['train_per_part']):,}")
     print("arrays:")
     for rel, rec in sorted(man["arrays"].items()):
         print(f"  {rel:<26} {str(tuple(rec['shape'])):<20} {rec['dtype']:<8} "
