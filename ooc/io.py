@@ -91,7 +91,8 @@ def _gather_runs(fds: np.ndarray, chunk_bytes: int, row_bytes: int, ids: np.ndar
                  out_pos: np.ndarray) -> tuple:
     """Read rows ``ids[lo:hi]`` (sorted, unique) in coalesced runs; copy each to ``out[out_pos[i]]``.
 
-    A run is a byte range ``[a, b)`` (aligned to ``align``) covering consecutive rows whose ranges
+    With ``align == 1`` (buffered reads) ``out_pos`` must be the identity and runs are read straight
+    into ``out``; with O_DIRECT they go through the aligned ``staging`` buffer.  A run is a byte range ``[a, b)`` (aligned to ``align``) covering consecutive rows whose ranges
     touch or overlap and that stay inside one chunk file, at most ``max_run`` bytes (the staging size).
 
     Returns:
@@ -119,6 +120,14 @@ def _gather_runs(fds: np.ndarray, chunk_bytes: int, row_bytes: int, ids: np.ndar
             j += 1
         cend = c * chunk_bytes + ((chunk_bytes + align - 1) // align) * align
         n = min(b, cend) - a
+        if align == 1:  # buffered: rows i..j-1 are consecutive in the file and in ``out``
+            got = _pread(fds[c], out[out_pos[i]:].ctypes.data, n, a - c * chunk_bytes)
+            reqs += 1
+            total += n
+            if got != n:
+                return total, reqs, c
+            i = j
+            continue
         got = _pread(fds[c], staging.ctypes.data, n, a - c * chunk_bytes)
         reqs += 1
         if got < 0:
