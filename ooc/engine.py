@@ -742,6 +742,10 @@ class DataPath:
         self.cfg = cfg
         self.ds = ds
         self.offsets = offsets
+        # the fields of the issue-6 loop's DataPath (ooc.train), so either loop can drive this one
+        self.indptr = loader.sampler.indptr
+        self.indices = loader.sampler.indices  # None with --topology disk
+        self.degrees = loader.degrees
         self.budget = budget
         self.buffer = buffer
         self.cache = cache
@@ -793,13 +797,23 @@ class DataPath:
         """Counters since the last call (then reset): bytes read, swaps (and lower bound), hit
         ratios of buffer and cache, I/O wait, loader stall, peak RSS."""
         self.buffer.drain()
-        st = self.buffer.reset_stats()
-        d = st.as_dict()
+        d = self.buffer.reset_stats().as_dict()
+        d.update(self.extra_stats(d["bytes_read"]))
+        for k in ("bytes_read", "row_hits", "row_misses", "cache_hits", "cache_misses", "swaps"):
+            self.totals[k] += int(d.get(k, 0))
+        return d
+
+    def extra_stats(self, buffer_bytes_read: int = 0) -> dict:
+        """The engine's counters beyond the buffer's own (:meth:`BufferManager.reset_stats`), then
+        reset: topology bytes, cache hit ratio, swaps lower bound, loader stall, peak RSS.
+        ``bytes_read`` = ``buffer_bytes_read`` + topology bytes (a training loop that resets the
+        buffer itself calls this with the buffer's ``bytes_read``)."""
+        d: dict = {}
         topo = sum(r.counters.bytes_read for r in self.readers)
         for r in self.readers:
             r.counters.bytes_read = 0
         d["topology_bytes_read"] = topo
-        d["bytes_read"] += topo
+        d["bytes_read"] = buffer_bytes_read + topo
         if self.cache is not None:
             d.update(self.cache.reset_stats().as_dict())
         else:
@@ -814,8 +828,6 @@ class DataPath:
         d["peak_rss_bytes"] = self.rss.peak()
         release_free_memory()
         self.rss.reset_peak()
-        for k in ("bytes_read", "row_hits", "row_misses", "cache_hits", "cache_misses", "swaps"):
-            self.totals[k] += int(d.get(k, 0))
         return d
 
     def summary(self) -> dict:
