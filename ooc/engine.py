@@ -236,11 +236,15 @@ class EngineStats(BufferStats):
     bytes_read_loads: int = 0
 
 
+_WORD = {8: np.uint64, 4: np.uint32, 2: np.uint16, 1: np.uint8}
+
+
 @njit(cache=True, nogil=True)
 def _gather_slots(ids: np.ndarray, offsets: np.ndarray, slot_of: np.ndarray, shift: np.ndarray,
                   slot_alloc: int, row_bytes: int, mem: np.ndarray, out: np.ndarray,
                   miss: np.ndarray) -> int:
-    """Copy rows of resident partitions (byte-addressed slots with per-slot shifts); flag misses."""
+    """Copy rows of resident partitions (word-addressed slots with per-slot shifts, all in words of
+    ``mem``'s dtype); flag misses."""
     hits = 0
     for i in range(ids.shape[0]):
         v = ids[i]
@@ -307,6 +311,8 @@ class BufferManager(PartitionBuffer):
         self.row_bytes = rows.row_bytes
         self.slot_alloc = _align_up(self.slot_rows * self.row_bytes) + 2 * ALIGN
         self.mem = aligned_empty(capacity * self.slot_alloc)
+        # copy rows as 8/4/2-byte words when the row size allows (shifts and slots are multiples)
+        self._word = next(w for w in (8, 4, 2, 1) if self.row_bytes % w == 0)
         self.shift = np.zeros(max(capacity, 1), dtype=np.int64)
         self.topo_rows = topo_rows
         self.indptr = indptr
@@ -375,8 +381,10 @@ class BufferManager(PartitionBuffer):
         miss = np.ones(n, dtype=np.bool_)
         hits = 0
         if self.capacity:
-            hits = _gather_slots(ids, self.offsets, self.slot_of, self.shift, self.slot_alloc,
-                                 self.row_bytes, self.mem, flat, miss)
+            w = self._word
+            hits = _gather_slots(ids, self.offsets, self.slot_of, self.shift // w, self.slot_alloc // w,
+                                 self.row_bytes // w, self.mem.view(_WORD[w]),
+                                 flat.view(_WORD[w]), miss)
         self.stats.row_hits += int(hits)
         if hits < n:
             pos = np.flatnonzero(miss)
@@ -392,8 +400,9 @@ class BufferManager(PartitionBuffer):
         n = local.shape[0]
         out = np.empty((n, *self.features.shape[1:]), dtype=self.features.dtype)
         flat = out.reshape(n, -1).view(np.uint8).reshape(n, self.row_bytes)
-        _gather_local(local, self.slot_rows, self.shift, self.slot_alloc, self.row_bytes, self.mem,
-                      flat)
+        w = self._word
+        _gather_local(local, self.slot_rows, self.shift // w, self.slot_alloc // w, self.row_bytes // w,
+                      self.mem.view(_WORD[w]), flat.view(_WORD[w]))
         self.stats.row_hits += n
         return out
 
@@ -718,11 +727,12 @@ def warm_up_runtime(model: str = "sage", num_layers: int = 2) -> RssMonitor:
     for pol in ("clock", "lru"):
         CachedFeature(_TinyRows(), 2, pol).gather(np.array([0, 1, 2]))
     mem = aligned_empty(2 * ALIGN)
-    _gather_slots(np.array([0]), np.array([0, 1], dtype=np.int64), np.array([0], dtype=np.int64),
-                  np.zeros(1, dtype=np.int64), ALIGN, 4, mem, np.empty((1, 4), np.uint8),
-                  np.empty(1, np.bool_))
-    _gather_local(np.array([0]), 1, np.zeros(1, dtype=np.int64), ALIGN, 4, mem,
-                  np.empty((1, 4), np.uint8))
+    for w, t in _WORD.items():
+        _gather_slots(np.array([0]), np.array([0, 1], dtype=np.int64), np.array([0], dtype=np.int64),
+                      np.zeros(1, dtype=np.int64), ALIGN // w, 1, mem.view(t),
+                      np.empty((1, 1), t), np.empty(1, np.bool_))
+        _gather_local(np.array([0]), 1, np.zeros(1, dtype=np.int64), ALIGN // w, 1, mem.view(t),
+                      np.empty((1, 1), t))
     return RssMonitor()
 
 

@@ -36,7 +36,7 @@ __all__ = ["write_planted_stream", "drop_caches", "dd_direct_bandwidth", "partit
 
 def write_planted_stream(out: str | Path, num_nodes: int, feat_dim: int = 128, num_classes: int = 16,
                          num_groups: int = 512, degree: int = 10, p_intra: float = 0.85,
-                         noise: float = 6.0, train_frac: float = 0.01, eval_frac: float = 0.0025,
+                         noise: float = 25.0, train_frac: float = 0.01, eval_frac: float = 0.0025,
                          seed: int = 0, block: int = 1 << 18, overwrite: bool = True) -> Path:
     """Write a planted-partition dataset block by block (O(N) memory, float16 features).
 
