@@ -12,7 +12,7 @@ import re
 
 import psutil
 
-__all__ = ["parse_bytes", "format_bytes", "RssMonitor", "release_free_memory"]
+__all__ = ["parse_bytes", "format_bytes", "RssMonitor", "release_free_memory", "tune_allocator"]
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -86,6 +86,21 @@ class RssMonitor:
             return True
         except OSError:
             return False
+
+
+def tune_allocator(mmap_threshold: int = 1 << 20, arena_max: int = 2) -> bool:
+    """Make RSS follow live data under glibc: allocations >= ``mmap_threshold`` are always mapped
+    (and unmapped on free; by default glibc raises this threshold up to 32 MiB after the first big
+    free, so freed batch arrays stay in the heap), and at most ``arena_max`` malloc arenas (each
+    thread would otherwise get its own heap).  Returns False where ``mallopt`` is unavailable."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6")
+        ok = libc.mallopt(-3, int(mmap_threshold))  # M_MMAP_THRESHOLD
+        ok &= libc.mallopt(-8, int(arena_max))  # M_ARENA_MAX
+        return bool(ok)
+    except (OSError, AttributeError):  # pragma: no cover - not glibc
+        return False
 
 
 def release_free_memory() -> None:

@@ -709,7 +709,9 @@ def warm_up_runtime(model: str = "sage", num_layers: int = 2) -> RssMonitor:
     modules, thread pools), Numba's compiled code -- which exists before any data does; the memory
     budget covers everything allocated after it.
     """
+    from ooc.budget import tune_allocator
     from ooc.models import build_model
+    tune_allocator()
     ip, ix = np.array([0, 1, 2, 2], dtype=np.int64), np.array([1, 0], dtype=np.int32)
     sg = sample_blocks(ip, ix, np.array([0]), [2] * num_layers, np.uint64(1))
     sample_blocks_lists(lambda v: (np.concatenate([[0], np.cumsum(ip[v + 1] - ip[v])]),
