@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["write_planted_stream", "drop_caches", "dd_direct_bandwidth", "partition_load_bandwidth",
-           "run_bench_ooc", "run_planetoid_table", "add_bench_parser"]
+           "run_bench_ooc", "run_planetoid_table", "add_bench_ooc"]
 
 
 def write_planted_stream(out: str | Path, num_nodes: int, feat_dim: int = 128, num_classes: int = 16,
@@ -310,10 +310,8 @@ def _cmd_bench_ooc(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_bench_parser(sub: argparse._SubParsersAction) -> None:
-    """Register ``ooc bench ooc``."""
-    b = sub.add_parser("bench", help="benchmarks (results for docs/benchmarks.md)")
-    bsub = b.add_subparsers(dest="bench", metavar="BENCH", required=True)
+def add_bench_ooc(bsub: argparse._SubParsersAction) -> None:
+    """Register ``ooc bench ooc`` on the subparsers of ``ooc bench``."""
     p = bsub.add_parser("ooc", help="out-of-core engine: bandwidth, epoch time, RSS, accuracy",
                         description=__doc__.split("\n\n")[1] if __doc__ else None)
     p.add_argument("--workdir", default="/work/bench-data/issue5/bench")

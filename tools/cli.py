@@ -242,8 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from ooc.tools.partition import add_partition_parser
     add_partition_parser(sub)
-    from ooc.tools.bench_ooc import add_bench_parser
-    add_bench_parser(sub)
+    bench = sub.add_parser("bench", help="benchmarks (results for docs/benchmarks.md)")
+    bsub = bench.add_subparsers(dest="what", metavar="WHAT", required=True)
+    from ooc.tools.bench_ooc import add_bench_ooc
+    add_bench_ooc(bsub)
 
     demo = sub.add_parser("demo", help="generate a synthetic graph, convert it, train out of core",
                           description="End-to-end run on an embedded synthetic default (no download).")
