@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["PlantedGraph", "planted_partition"]
+__all__ = ["PlantedGraph", "planted_partition", "planted_in_edges"]
 
 
 @dataclass
@@ -78,3 +78,34 @@ def planted_partition(num_nodes: int, num_classes: int = 8, avg_degree: int = 10
     e = b + int(test_frac * num_nodes)
     return PlantedGraph(num_nodes, pairs[:, 0].copy(), pairs[:, 1].copy(), feats, labels,
                         np.sort(perm[:a]), np.sort(perm[a:b]), np.sort(perm[b:e]), num_classes)
+
+
+
+def planted_in_edges(groups: np.ndarray, group_order: np.ndarray, group_starts: np.ndarray,
+                     first: int, stop: int, degree: int, p_intra: float,
+                     rng: np.random.Generator) -> np.ndarray:
+    """In-neighbours of nodes ``first .. stop-1`` of a streaming planted-partition graph.
+
+    The streaming variant of :func:`planted_partition` for graphs too big to build in memory: every
+    node draws exactly ``degree`` in-neighbours (a directed multigraph: repeated edges and self-loops
+    are possible), each from the node's own group (community) with probability ``p_intra``, uniform
+    among its members, and uniform over all nodes otherwise.  Memory is O(N) for the groups and the
+    member list, plus one block; ``ooc bench ooc`` uses it with labels ``group % num_classes``.
+
+    Args:
+        groups: int [N] community of every node; group_order: int64 [N] node ids sorted by group;
+        group_starts: int64 [G+1] offsets of each group in ``group_order``.
+        first, stop: the block of destination nodes.
+
+    Returns:
+        int64 [(stop - first) * degree] sources, sorted within each destination (CSC order).
+    """
+    n = groups.shape[0]
+    m = (stop - first) * degree
+    dst = np.repeat(np.arange(first, stop, dtype=np.int64), degree)
+    src = rng.integers(0, n, m, dtype=np.int64)
+    intra = rng.random(m) < p_intra
+    c = groups[dst[intra]]
+    size = group_starts[c + 1] - group_starts[c]
+    src[intra] = group_order[group_starts[c] + (rng.random(int(intra.sum())) * size).astype(np.int64)]
+    return np.sort(src.reshape(stop - first, degree), axis=1).reshape(-1)

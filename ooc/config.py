@@ -88,8 +88,22 @@ class TrainConfig:
     prefetch: int = _opt(2, "data", "batches built ahead (0 = synchronous)")
     feat_norm: str = _opt("none", "data", "row: divide feature rows by their sum (Kipf & Welling)",
                           choices=("none", "row"))
-    topology: str = _opt("memory", "data", "load the CSC topology into memory or map it from disk",
-                         choices=("memory", "mmap"))
+    topology: str = _opt("memory", "data", "memory: load the CSC topology; mmap: map it; disk: keep only "
+                         "indptr in memory and read neighbour lists with page-aligned reads",
+                         choices=("memory", "mmap", "disk"))
+    # out-of-core engine (issue 5; see ooc.engine)
+    mode: str = _opt("exact", "data", "exact: full-graph sampling, misses via cache + batched reads; "
+                     "buffer: sample inside resident partitions (MariusGNN); hybrid: seeds from resident "
+                     "partitions, full-graph sampling", choices=("exact", "buffer", "hybrid"))
+    memory_budget: str = _opt("", "data", "host-memory budget for topology, node arrays, batches, "
+                              "partition slots and cache, e.g. 4GB (empty: sizes from "
+                              "--buffer-partitions / --cache-size)")
+    ordering: str = _opt("comet", "data", "buffer/hybrid partition ordering: sequential or comet "
+                         "(two-level randomised)", choices=("sequential", "comet"))
+    cache_policy: str = _opt("sieve", "data", "CPU feature cache policy for rows outside the buffer",
+                             choices=("sieve", "clock", "lru", "none"))
+    cache_size: str = _opt("", "data", "feature cache size without a budget, e.g. 256MB")
+    direct_io: bool = _opt(False, "data", "read features with O_DIRECT (bypass the page cache)")
     # sampler
     fanouts: list[int] = _opt([10, 10], "sampler",
                               "neighbours per layer, output layer first; -1 = all")
@@ -287,6 +301,8 @@ class TrainConfig:
         if not self.dataset:
             raise ValueError("no dataset given (positional DATASET, data.dataset in --config, or "
                              "--set data.dataset=PATH)")
+        from ooc.engine import validate_engine_options
+        validate_engine_options(self)
 
 
 def load_yaml(path: str | Path) -> dict:

@@ -110,6 +110,7 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
     L = model.num_layers
     keep = tuple(range(max(L - 2, 0), L)) if keep is None else tuple(keep)
     loader, buffer = data.loader, data.buffer
+    sampler = getattr(loader, "sampler", None)
     offsets = np.asarray(data.offsets, dtype=np.int64)
     num_parts = offsets.shape[0] - 1
     widest = max(model.dims[1:]) * 4 * n
@@ -139,8 +140,11 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
                     buffer.require([p], [q for q in range(p + 1, min(p + 1 + buffer.capacity, num_parts))])
                 for s in range(a, b, batch_size):
                     e = min(s + batch_size, b)
-                    sg = sample_blocks(data.indptr, data.indices, np.arange(s, e, dtype=np.int64), [-1],
-                                       key=0)
+                    dst = np.arange(s, e, dtype=np.int64)
+                    if sampler is not None:  # engine data path: also reads lists from disk
+                        sg = sampler.sample(dst, [-1], np.uint64(0), False)
+                    else:
+                        sg = sample_blocks(data.indptr, data.indices, dst, [-1], key=0)
                     block = to_torch_blocks(sg, data.degrees)[0]
                     ids = sg.nodes[: block.num_src]
                     if i == 0:

@@ -228,10 +228,12 @@ class NodeTask:
     select = "val_acc"
     test_key = "test_acc"
 
-    def __init__(self, cfg: TrainConfig, ds: Dataset) -> None:
+    def __init__(self, cfg: TrainConfig, ds: Dataset, rss: Any = None) -> None:
+        from ooc import engine
         self.cfg = cfg
         self.ds = ds
-        self.data = build_data_path(cfg, ds)
+        # the out-of-core engine: mode exact | buffer | hybrid under the memory budget (issue 5)
+        self.data = engine.build_data_path(cfg, ds, rss)
         labels = ds.labels
         self.multilabel = labels.ndim == 2
         train_ids = ds.split("train")
@@ -246,20 +248,21 @@ class NodeTask:
         self.val_ids, self.test_ids = ds.split("valid"), ds.split("test")
         self.out_dim = int(labels.shape[1]) if self.multilabel else \
             int(ds.num_classes or int(labels.max()) + 1)
-        self.part_of_train = self.data.buffer.part_of(train_ids)
+        if self.data.train_ids.shape[0] != train_ids.shape[0]:
+            self.data.train_ids = train_ids
+            self.data.part_of_train = np.searchsorted(self.data.offsets, train_ids, side="right") - 1
         self.loss_fn: nn.Module = nn.BCEWithLogitsLoss() if self.multilabel else nn.CrossEntropyLoss()
         self.metric = "micro_f1" if self.multilabel else "accuracy"
 
     @property
     def steps_per_epoch(self) -> int:
-        return -(-self.train_ids.shape[0] // self.cfg.batch_size)
+        return len(self.data.plan(0).batches)
 
-    def plan(self, epoch: int) -> EpochPlan:
-        return plan_epoch(self.train_ids, self.part_of_train, self.data.buffer.num_parts,
-                          self.cfg.batch_size, self.cfg.seed, epoch)
+    def plan(self, epoch: int) -> Any:
+        return self.data.plan(epoch)
 
-    def batches(self, plan: EpochPlan, epoch: int, start: int) -> Iterator[Batch]:
-        return self.data.loader.iterate(plan, epoch, start=start)
+    def batches(self, plan: Any, epoch: int, start: int) -> Iterator[Batch]:
+        return self.data.iterate(plan, epoch, start)
 
     def loss(self, model: GNN, batch: Batch, device: torch.device) -> tuple[torch.Tensor, dict]:
         blocks, x = _to_device(batch, device)
@@ -293,12 +296,12 @@ class NodeTask:
         self.data.close()
 
 
-def make_task(cfg: TrainConfig, ds: Dataset) -> Task:
-    """The task object of ``cfg.task`` (``node`` or ``link``)."""
+def make_task(cfg: TrainConfig, ds: Dataset, rss: Any = None) -> Task:
+    """The task object of ``cfg.task`` (``node`` or ``link``); ``rss`` is the engine's RSS monitor."""
     if cfg.task == "link":
         from ooc.linkpred import LinkTask
         return LinkTask(cfg, ds)
-    return NodeTask(cfg, ds)
+    return NodeTask(cfg, ds, rss)
 
 
 def make_model(cfg: TrainConfig, in_dim: int, out_dim: int) -> GNN:
@@ -431,8 +434,12 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
         log.warning("--amp ignored on %s (mixed precision is used on CUDA only)", device)
     amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
 
+    rss = None
+    if cfg.task == "node":  # RSS baseline of the runtime, before any data (the budget excludes it)
+        from ooc.engine import warm_up_runtime
+        rss = warm_up_runtime(cfg.model, len(cfg.fanouts))
     ds = Dataset(cfg.dataset)
-    task = make_task(cfg, ds)
+    task = make_task(cfg, ds, rss)
     model = make_model(cfg, ds.feat_dim, task.out_dim).to(device)
     opt = _make_optimizer(cfg, model.parameters())
     sched = _make_scheduler(cfg, opt)
@@ -526,7 +533,10 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
                         "gather_s": round(bstats.get("gather_s", 0.0), 6), "loss": lv,
                         "seeds": bstats["seen"]}) + "\n")
                     bar.update(1)
-                    bar.set_postfix(epoch=epoch, loss=f"{lv:.4f}", hit=f"{buffer.stats.hit_ratio:.3f}")
+                    if hasattr(task.data, "postfix"):
+                        bar.set_postfix(epoch=epoch, loss=f"{lv:.4f}", **task.data.postfix())
+                    else:
+                        bar.set_postfix(epoch=epoch, loss=f"{lv:.4f}", hit=f"{buffer.stats.hit_ratio:.3f}")
                     if cfg.checkpoint_every and st.global_step % cfg.checkpoint_every == 0 \
                             and st.step < len(plan.batches):
                         checkpoint()
@@ -568,9 +578,11 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
             buffer.drain()
             io = buffer.reset_stats()
             rec.update(io.as_dict())
+            if hasattr(task.data, "extra_stats"):  # engine: topology bytes, cache, swaps, RSS peak
+                rec.update(task.data.extra_stats(io.bytes_read))
             rec["epoch_time_s"] = time.perf_counter() - t0
-            for k in st.totals:
-                st.totals[k] += getattr(io, k)
+            for k in ("bytes_read", "row_hits", "row_misses", "cache_hits", "cache_misses", "swaps"):
+                st.totals[k] = st.totals.get(k, 0) + int(rec.get(k, getattr(io, k, 0)))
             st.history.append(rec)
             with open(metrics_path, "a") as f:
                 f.write(json.dumps(rec, sort_keys=True) + "\n")
@@ -579,6 +591,10 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
                    + f"{rec['seeds_per_s']:.0f} seeds/s {rec['edges_per_s'] / 1e6:.2f} M edges/s "
                    f"read {io.bytes_read / 2**20:.1f} MiB hit {io.hit_ratio:.3f} "
                    f"stall {rec['stall_s']:.2f}s")
+            if "swaps" in rec and cfg.mode != "exact":
+                msg += f" swaps {rec['swaps']} (lower bound {rec.get('swaps_lower_bound')})"
+            if rec.get("cache_hits", 0) + rec.get("cache_misses", 0):
+                msg += f" cache hit {rec['cache_hit_ratio']:.3f}"
             if task.select in rec:
                 msg += f" {task.select} {rec[task.select]:.4f} {task.test_key} {rec[task.test_key]:.4f}"
             if cfg.progress:
@@ -592,6 +608,7 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
     finally:
         bar.close()
         steps_f.close()
+        engine_summary = task.data.summary() if hasattr(task.data, "summary") else {}
         task.close()
     history = st.history
     metrics = {
@@ -616,6 +633,7 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
         "buffer_bytes": buffer.nbytes,
         "dataset_feature_bytes": ds.features.nbytes,
         "peak_rss_bytes": peak_rss_bytes(),
+        "epoch_peak_rss_bytes": max([h.get("peak_rss_bytes", 0) for h in history], default=0),
         "wall_time_s": elapsed0 + time.perf_counter() - t_start,
         "resumed": ckpt is not None,
         "seed": cfg.seed,
@@ -627,6 +645,12 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
         best = next((h for h in history if h["epoch"] == st.best_epoch), {})
         metrics.update({k: best[k] for k in best if k.startswith(("val_", "test_"))})
         metrics["final"] = last
+    if engine_summary:
+        metrics.update({k: v for k, v in engine_summary.items()
+                        if k not in ("bytes_read", "row_hits", "row_misses", "buffer_hit_ratio")})
+        ch, cm = st.totals.get("cache_hits", 0), st.totals.get("cache_misses", 0)
+        metrics.update(cache_hits=ch, cache_misses=cm, cache_hit_ratio=ch / max(ch + cm, 1),
+                       swaps=st.totals.get("swaps", 0))
     write_json_atomic(out / "metrics.json", metrics)
     ds.close()
     return metrics

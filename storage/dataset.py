@@ -439,6 +439,10 @@ class Dataset:
             off = self.raw("partition_offsets").read_all()
             if off.size < 2 or off[0] != 0 or off[-1] != n or np.any(np.diff(off) <= 0):
                 problems.append("partitions/offsets must rise strictly from 0 to N (no empty partition)")
+        if "nodes/perm" in arrays:  # written by `ooc partition`: perm[new id] = original id
+            perm = self.raw("nodes/perm").read_all()
+            if perm.shape != (n,) or not np.array_equal(np.sort(perm), np.arange(n)):
+                problems.append("nodes/perm is not a permutation of [0, N)")
         return problems
 
     def _check_id_map(self) -> list[str]:

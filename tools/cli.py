@@ -6,6 +6,7 @@
     ooc generate rmat --nodes 50M --edges 1e9 --feat-dim 128 --classes 16 --out DATASET
     ooc info DATASET
     ooc verify DATASET
+    ooc partition DATASET --parts 8 --method metis
     ooc train DATASET --model gcn --fanout 10,10 --partitions 4 --buffer-partitions 1 --output-dir RUN
     ooc train --config run.yaml --set model.hidden=256       ooc train --resume RUN
     ooc eval RUN                                             ooc predict RUN --out preds.zarr
@@ -216,6 +217,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
     else:
         sizes = off[1:] - off[:-1]
         print(f"partitions   {sizes.shape[0]} (nodes per partition min {sizes.min():,} max {sizes.max():,})")
+        part = man.get("partitioning")
+        if part:
+            print(f"partitioned  {part['method']}: edge cut {100 * part['cut_fraction']:.2f}%, training "
+                  f"nodes per partition {min(part['train_per_part']):,}-{max(part['train_per_part']):,}")
     print("arrays:")
     for rel, rec in sorted(man["arrays"].items()):
         print(f"  {rel:<26} {str(tuple(rec['shape'])):<20} {rec['dtype']:<8} "
@@ -283,6 +288,11 @@ def _print_summary(m: dict) -> None:
           f"{m['row_misses']:,} feature rows read from disk")
     print(f"memory        buffer {_human(m['buffer_bytes'])} of {_human(m['dataset_feature_bytes'])} "
           f"features; peak RSS {_human(m['peak_rss_bytes'])}")
+    if "mode" in m:
+        b = m["budget"]
+        print(f"engine        mode {m['mode']}, {b['slots']} of {b['num_parts']} partitions resident, "
+              f"swaps {m['swaps']}, cache hit ratio {m['cache_hit_ratio']:.3f} "
+              f"({_human(m['cache_bytes'])}), runtime overhead {_human(m['rss_baseline_bytes'])}")
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -513,6 +523,8 @@ def build_parser() -> argparse.ArgumentParser:
     bc.add_argument("--keep", action="store_true", help="keep the generated input")
     bc.add_argument("--results", help="append the JSON record to this file")
     bc.set_defaults(func=_cmd_bench_convert)
+    from ooc.tools.bench_ooc import add_bench_ooc
+    add_bench_ooc(bsub)
 
     info = sub.add_parser("info", help="print counts, dtypes, sizes on disk, partitions")
     info.add_argument("dataset")
@@ -563,6 +575,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", help="output folder (default RUN/report for one run, else ./report)")
     rep.add_argument("--no-plots", action="store_true", help="print the table only")
     rep.set_defaults(func=_cmd_report)
+
+    from ooc.tools.partition import add_partition_parser
+    add_partition_parser(sub)
 
     demo = sub.add_parser("demo", help="generate a synthetic graph, convert it, train out of core",
                           description="End-to-end run on an embedded synthetic default (no download).")

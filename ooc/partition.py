@@ -1,0 +1,511 @@
+"""Graph partitioning and the partition-order rewrite of a dataset (``ooc partition``).
+
+Three methods assign every node to one of ``P`` partitions:
+
+- ``random``: a balanced random assignment (training nodes and the other nodes dealt round-robin
+  after a random permutation) -- the baseline;
+- ``metis``: multilevel k-way METIS (Karypis & Kumar, SIAM J. Sci. Comput. 1998) through pymetis on
+  the symmetrised graph, with two balance constraints (nodes, training nodes) -- needs the topology in
+  memory (about 3 x 8 bytes per directed edge);
+- ``stream``: Fennel (Tsourakakis et al., WSDM'14) or LDG (Stanton & Kliot, KDD'12) over the CSC read
+  from disk block by block, restreamed ``passes`` times (Nishimura & Ugander, KDD'13); memory is
+  O(N) (assignment, indptr) plus one block of indices, so it partitions graphs that do not fit.
+
+Every method then goes through the same constraint pass: training nodes per partition within
+``ceil((1 + tol) T / P)`` and ``floor((1 - tol) T / P)`` (a balance *constraint*, not a node-count
+side effect) and no empty partition, ever (``P > N`` is an error raised before anything is written).
+
+:func:`reorder_dataset` rewrites the dataset so each partition is a contiguous id range (partition
+``p`` = new ids ``offsets[p] .. offsets[p+1]-1``, original relative order kept inside a partition):
+features and other node arrays in partition order, the CSC relabelled (in-neighbour lists sorted),
+labels, splits, ``partitions/offsets``, the permutation ``nodes/perm`` (``perm[new] = original id``)
+and, optionally, the edge buckets ``partitions/buckets/{src,dst,offsets}``: all edges grouped by
+(source partition ``i``, destination partition ``j``), bucket ``(i, j)`` being the range
+``offsets[j * P + i] .. offsets[j * P + i + 1]``.  After the rewrite the in-edges of partition ``p``
+(its topology, the CSC slice ``indptr[offsets[p]] .. indptr[offsets[p+1]]``) are one contiguous
+range of ``topology/indices``, so a partition's features and topology load with sequential reads.
+The rewrite streams: node arrays and the CSC are produced in groups of new ids that fit the memory
+budget, each group filled by one sequential scan over the old arrays.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from ooc.budget import format_bytes, parse_bytes
+from ooc.kernels.partition import (bucket_sort_block, count_buckets_block, count_cut_block,
+                                   relabel_lists, scatter_rows, stream_assign_block)
+from ooc.storage.dataset import ARRAY_NAMES, Dataset, DatasetWriter
+from ooc.storage.rawarray import RawArray
+
+__all__ = ["METHODS", "PartitionResult", "partition_nodes", "reorder_dataset", "partition_dataset",
+           "check_num_parts"]
+
+log = logging.getLogger("ooc.partition")
+
+METHODS = ("random", "metis", "stream")
+_BUCKET_NAMES = ("partitions/buckets/src", "partitions/buckets/dst", "partitions/buckets/offsets")
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+@dataclass
+class PartitionResult:
+    """A node -> partition assignment and its quality figures.
+
+    Attributes:
+        assign: int32 [N] partition of every node (ids of the graph that was partitioned).
+        num_parts: P.
+        method: ``random`` | ``metis`` | ``stream``.
+        num_edges: directed edges of the graph.
+        edge_cut: directed edges whose endpoints lie in different partitions.
+        sizes: int64 [P] nodes per partition (all > 0).
+        train_per_part: int64 [P] training nodes per partition.
+        seconds: time spent assigning (not rewriting).
+        moved: nodes moved by the constraint pass (balance, empty partitions).
+    """
+
+    assign: np.ndarray
+    num_parts: int
+    method: str
+    num_edges: int
+    edge_cut: int
+    sizes: np.ndarray
+    train_per_part: np.ndarray
+    seconds: float
+    moved: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def cut_fraction(self) -> float:
+        return self.edge_cut / self.num_edges if self.num_edges else 0.0
+
+    def summary(self) -> dict:
+        """JSON-able report (stored in the manifest under ``partitioning``)."""
+        return {"method": self.method, "num_parts": self.num_parts, "num_edges": self.num_edges,
+                "edge_cut": self.edge_cut, "cut_fraction": self.cut_fraction,
+                "sizes": self.sizes.tolist(), "train_per_part": self.train_per_part.tolist(),
+                "seconds": self.seconds, "moved_by_constraints": self.moved, **self.extra}
+
+    def format(self) -> str:
+        """Multi-line human-readable report."""
+        s, t = self.sizes, self.train_per_part
+        lines = [f"method        {self.method}, {self.num_parts} partitions, {self.seconds:.2f} s",
+                 f"edge cut      {self.edge_cut:,} of {self.num_edges:,} directed edges "
+                 f"({100 * self.cut_fraction:.2f}%)",
+                 f"nodes/part    min {s.min():,} max {s.max():,} (imbalance {s.max() / s.mean():.3f})",
+                 f"train/part    min {t.min():,} max {t.max():,} "
+                 f"(imbalance {t.max() / max(t.mean(), 1e-9):.3f})"]
+        if self.num_parts <= 32:
+            lines.append("per partition " + " ".join(f"{int(a)}/{int(b)}" for a, b in zip(s, t))
+                         + "  (nodes/train)")
+        return "\n".join(lines)
+
+
+def check_num_parts(num_nodes: int, num_parts: int) -> None:
+    """Raise ValueError unless ``1 <= num_parts <= num_nodes`` (no empty partition, ever)."""
+    if num_parts < 1:
+        raise ValueError(f"need at least 1 partition, got {num_parts}")
+    if num_parts > num_nodes:
+        raise ValueError(f"{num_parts} partitions for {num_nodes} nodes would leave a partition empty; "
+                         f"use --parts <= {num_nodes}")
+
+
+def _blocks(indptr: np.ndarray, indices: np.ndarray | RawArray, max_edges: int,
+            start: int = 0, stop: int | None = None) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """Yield ``(first node, indptr slice [n+1] absolute, indices block)`` over nodes [start, stop)."""
+    n = indptr.shape[0] - 1
+    stop = n if stop is None else stop
+    v = start
+    while v < stop:
+        s = int(np.searchsorted(indptr, indptr[v] + max_edges, side="right")) - 1
+        s = min(max(s, v + 1), stop)
+        a, b = int(indptr[v]), int(indptr[s])
+        idx = indices.read(a, b) if isinstance(indices, RawArray) else indices[a:b]
+        yield v, indptr[v:s + 1], idx
+        v = s
+
+
+def _random_assign(num_nodes: int, num_parts: int, is_train: np.ndarray, seed: int) -> np.ndarray:
+    rng = np.random.default_rng([seed, 0xA55])
+    assign = np.empty(num_nodes, dtype=np.int32)
+    tr = np.flatnonzero(is_train)
+    rest = np.flatnonzero(~is_train)
+    assign[rng.permutation(tr)] = np.arange(tr.shape[0]) % num_parts
+    assign[rng.permutation(rest)] = (np.arange(rest.shape[0]) + tr.shape[0]) % num_parts
+    return assign
+
+
+def _symmetric_adjacency(indptr: np.ndarray, indices: np.ndarray, num_nodes: int) -> tuple:
+    """METIS input: xadj int64 [N+1], adjncy int64 of A + A^T without self-loops or duplicates."""
+    from ooc.kernels.graph import build_csc
+    dst = np.repeat(np.arange(num_nodes, dtype=np.int64), np.diff(indptr))
+    src = indices.astype(np.int64)
+    keep = src != dst
+    s = np.concatenate([src[keep], dst[keep]])
+    d = np.concatenate([dst[keep], src[keep]])
+    del src, dst, keep
+    return build_csc(s, d, num_nodes, dedup=True, index_dtype=np.dtype(np.int64))
+
+
+def _metis_assign(indptr: np.ndarray, indices: np.ndarray, num_nodes: int, num_parts: int,
+                  is_train: np.ndarray, seed: int, balance_train: bool) -> np.ndarray:
+    try:
+        import pymetis
+    except ImportError:  # pragma: no cover - pymetis is a dependency
+        raise ValueError("--method metis needs pymetis (pip install pymetis)") from None
+    if num_parts == 1:
+        return np.zeros(num_nodes, dtype=np.int32)
+    xadj, adjncy = _symmetric_adjacency(indptr, indices, num_nodes)
+    vw = None
+    if balance_train and is_train.any():
+        vw = np.stack([np.ones(num_nodes, dtype=np.int64), is_train.astype(np.int64)], 1).ravel()
+    opts = pymetis.Options()
+    opts.seed = int(seed)
+    if hasattr(pymetis, "CSRAdjacency"):
+        res = pymetis.part_graph(num_parts, pymetis.CSRAdjacency(xadj, adjncy), vweights=vw,
+                                 options=opts)
+    else:  # pragma: no cover - pymetis < 2025.2
+        res = pymetis.part_graph(num_parts, xadj=xadj, adjncy=adjncy, vweights=vw, options=opts)
+    parts = res[1] if isinstance(res, tuple) else res.vertex_part
+    return np.asarray(parts, dtype=np.int32)
+
+
+def _stream_assign(indptr: np.ndarray, indices: np.ndarray | RawArray, num_nodes: int, num_parts: int,
+                   is_train: np.ndarray, passes: int, objective: str, balance_train: bool,
+                   tol: float, block_edges: int) -> np.ndarray:
+    num_edges = int(indptr[-1])
+    gamma = 1.5
+    m = max(num_edges / 2.0, 1.0)
+    alpha = math.sqrt(num_parts) * m / max(num_nodes, 1) ** gamma
+    cap = max(int(math.ceil((1 + tol) * num_nodes / num_parts)), 1)
+    cap = max(cap, -(-num_nodes // num_parts))
+    t = int(is_train.sum())
+    train_cap = int(math.ceil((1 + tol) * t / num_parts)) if balance_train else num_nodes
+    train_cap = max(train_cap, -(-t // num_parts))
+    assign = np.full(num_nodes, -1, dtype=np.int32)
+    sizes = np.zeros(num_parts, dtype=np.int64)
+    train_sizes = np.zeros(num_parts, dtype=np.int64)
+    scratch = np.zeros(num_parts, dtype=np.int64)
+    obj = {"fennel": 0, "ldg": 1}[objective]
+    for _ in range(max(passes, 1)):
+        for start, ip, idx in _blocks(indptr, indices, block_edges):
+            stream_assign_block(ip, idx, start, assign, sizes, train_sizes, is_train, cap, train_cap,
+                                alpha, gamma, obj, scratch, np.uint64(0))
+    return assign
+
+
+def _neighbour_counts(indptr: np.ndarray | None, indices: np.ndarray | RawArray | None, assign: np.ndarray,
+                      nodes: np.ndarray, part: int) -> np.ndarray:
+    """In-neighbours of each of ``nodes`` lying in ``part`` (zeros without topology)."""
+    if indptr is None or indices is None:
+        return np.zeros(nodes.shape[0], dtype=np.int64)
+    out = np.empty(nodes.shape[0], dtype=np.int64)
+    disk = isinstance(indices, RawArray)
+    for i, v in enumerate(nodes.tolist()):
+        a, b = int(indptr[v]), int(indptr[v + 1])
+        nb = indices.read(a, b) if disk else indices[a:b]
+        out[i] = int(np.count_nonzero(assign[nb] == part))
+    return out
+
+
+def _enforce_constraints(assign: np.ndarray, num_parts: int, is_train: np.ndarray, tol: float,
+                         balance_train: bool, indptr: np.ndarray | None,
+                         indices: np.ndarray | RawArray | None) -> int:
+    """Move the fewest nodes needed for training-node balance and non-empty partitions.
+
+    Moves prefer nodes with the fewest in-neighbours inside their partition (cheap for the cut).
+    Returns the number of moves.
+    """
+    moved = 0
+    t = int(is_train.sum())
+    if balance_train and t:
+        hi = int(math.ceil((1 + tol) * t / num_parts))
+        lo = int(math.floor((1 - tol) * t / num_parts))
+        for _ in range(4 * num_parts + t):
+            cnt = np.bincount(assign[is_train], minlength=num_parts)
+            over, under = int(np.argmax(cnt)), int(np.argmin(cnt))
+            if cnt[over] <= hi and cnt[under] >= lo:
+                break
+            k = max(1, min(cnt[over] - t // num_parts, -(-t // num_parts) - cnt[under]))
+            cand = np.flatnonzero((assign == over) & is_train)
+            gain = (_neighbour_counts(indptr, indices, assign, cand, under)
+                    - _neighbour_counts(indptr, indices, assign, cand, over))
+            pick = cand[np.argsort(-gain, kind="stable")[:k]]
+            assign[pick] = under
+            moved += pick.shape[0]
+    for _ in range(num_parts):
+        sizes = np.bincount(assign, minlength=num_parts)
+        empty = np.flatnonzero(sizes == 0)
+        if empty.size == 0:
+            break
+        for q in empty.tolist():
+            sizes = np.bincount(assign, minlength=num_parts)
+            big = int(np.argmax(sizes))
+            cand = np.flatnonzero(assign == big)
+            non_train = cand[~is_train[cand]]
+            pool = non_train if non_train.size and sizes[big] > 1 else cand
+            own = _neighbour_counts(indptr, indices, assign, pool[:4096], big)
+            v = int(pool[:4096][int(np.argmin(own))])
+            assign[v] = q
+            moved += 1
+    return moved
+
+
+def partition_nodes(indptr: np.ndarray, indices: np.ndarray | RawArray, num_nodes: int,
+                    num_parts: int, method: str = "metis", train_ids: np.ndarray | None = None,
+                    seed: int = 0, balance_train: bool = True, passes: int = 2,
+                    objective: str = "fennel", tol: float = 0.05,
+                    block_edges: int = 1 << 24) -> PartitionResult:
+    """Assign every node to one of ``num_parts`` partitions.
+
+    Args:
+        indptr: int64 [N+1] CSC offsets (in memory).
+        indices: int32|int64 [E] CSC sources, in memory or a :class:`RawArray` read block by block
+            (``stream`` and ``random`` never hold more than ``block_edges`` of them).
+        num_nodes: N (isolated nodes are assigned like any other).
+        num_parts: P, ``1 <= P <= N``.
+        method: ``random`` | ``metis`` | ``stream``.
+        train_ids: int [T] training node ids, balanced across partitions when ``balance_train``.
+        seed: random seed (random permutation, METIS seed).
+        passes: restreaming passes of ``stream``; objective: ``fennel`` or ``ldg``.
+        tol: allowed relative imbalance of nodes (stream capacity) and training nodes.
+
+    Returns:
+        :class:`PartitionResult`, all partitions non-empty.
+
+    Raises:
+        ValueError: unknown method, ``P < 1`` or ``P > N``.
+    """
+    check_num_parts(num_nodes, num_parts)
+    if method not in METHODS:
+        raise ValueError(f"unknown partitioning method {method!r}; choose from {', '.join(METHODS)}")
+    if objective not in ("fennel", "ldg"):
+        raise ValueError(f"unknown streaming objective {objective!r}; choose fennel or ldg")
+    t0 = time.perf_counter()
+    is_train = np.zeros(num_nodes, dtype=np.bool_)
+    if train_ids is not None and len(train_ids):
+        is_train[np.asarray(train_ids, dtype=np.int64)] = True
+    in_memory = not isinstance(indices, RawArray)
+    if method == "random":
+        assign = _random_assign(num_nodes, num_parts, is_train, seed)
+    elif method == "metis":
+        idx = indices if in_memory else indices.read_all()
+        assign = _metis_assign(indptr, idx, num_nodes, num_parts, is_train, seed, balance_train)
+    else:
+        assign = _stream_assign(indptr, indices, num_nodes, num_parts, is_train, passes, objective,
+                                balance_train, tol, block_edges)
+    moved = _enforce_constraints(assign, num_parts, is_train, tol, balance_train, indptr, indices)
+    seconds = time.perf_counter() - t0
+    cut = 0
+    for start, ip, idx in _blocks(indptr, indices, block_edges):
+        cut += int(count_cut_block(ip, idx, start, assign))
+    return PartitionResult(assign=assign, num_parts=num_parts, method=method,
+                           num_edges=int(indptr[-1]), edge_cut=cut,
+                           sizes=np.bincount(assign, minlength=num_parts).astype(np.int64),
+                           train_per_part=np.bincount(assign[is_train], minlength=num_parts)
+                           .astype(np.int64), seconds=seconds, moved=moved,
+                           extra={"passes": passes, "objective": objective} if method == "stream" else {})
+
+
+# ---------------------------------------------------------------------------------------- rewrite
+def _rows_view(a: np.ndarray) -> np.ndarray:
+    return a.view(_UINT[a.dtype.itemsize]).reshape(a.shape[0], -1)
+
+
+def _permute_rows(src: RawArray, perm: np.ndarray, inv: np.ndarray, writer, budget: int) -> int:
+    """Append ``src[perm]`` to ``writer`` in groups that fit ``budget``; returns passes made."""
+    n = perm.shape[0]
+    row_bytes = max(src.row_bytes, 1)
+    group = max(1, budget // (2 * row_bytes))
+    scan = max(1, min(group, (64 << 20) // row_bytes))
+    passes = 0
+    for g0 in range(0, n, group):
+        g1 = min(n, g0 + group)
+        olds = perm[g0:g1]
+        lo, hi = int(olds.min()), int(olds.max()) + 1
+        out = np.empty((g1 - g0, *src.shape[1:]), dtype=src.dtype)
+        ov = _rows_view(out) if out.ndim > 1 else out.view(_UINT[out.dtype.itemsize]).reshape(-1, 1)
+        got = 0
+        for b0 in range(lo, hi, scan):
+            b1 = min(hi, b0 + scan)
+            blk = src.read(b0, b1)
+            bv = _rows_view(blk) if blk.ndim > 1 else blk.view(_UINT[blk.dtype.itemsize]).reshape(-1, 1)
+            got += int(scatter_rows(bv, b0, inv, g0, g1, ov))
+        assert got == g1 - g0, (got, g1 - g0)
+        writer.append(out)
+        passes += 1
+    return passes
+
+
+def _known_arrays(ds: Dataset) -> tuple[list[str], list[str]]:
+    """(node arrays to permute row-wise, arrays that block the rewrite)."""
+    handled = {ARRAY_NAMES[k] for k in ("indptr", "indices", "features", "labels", "train", "valid",
+                                        "test", "partition_offsets")} | {"nodes/perm", *_BUCKET_NAMES}
+    node_arrays, unknown = [], []
+    for rel, rec in ds.manifest["arrays"].items():
+        if rel in handled:
+            continue
+        if rel.startswith("nodes/") and rec["shape"] and rec["shape"][0] == ds.num_nodes:
+            node_arrays.append(rel)
+        else:
+            unknown.append(rel)
+    return node_arrays, unknown
+
+
+def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overwrite: bool = False,
+                    memory_budget: int | str = "2GB", edge_buckets: bool = True) -> Path:
+    """Rewrite ``ds`` in partition order (see the module docstring) through :class:`DatasetWriter`.
+
+    Args:
+        ds: the source dataset (may be the same directory as ``out`` with ``overwrite``).
+        result: the assignment of ``ds``'s node ids.
+        out: target directory; written atomically.
+        memory_budget: bytes (or ``"2GB"``) of rows/edges held per rewrite group.
+        edge_buckets: also write ``partitions/buckets/*``.
+
+    Returns:
+        The new dataset's path.
+
+    Raises:
+        ValueError: the dataset holds an array whose layout this rewrite does not know (named), the
+            assignment does not match the dataset, or a destination partition's in-edges exceed the
+            budget while writing edge buckets.
+        FileExistsError: ``out`` exists and not ``overwrite``.
+    """
+    budget = max(parse_bytes(memory_budget), 1 << 20)
+    n = ds.num_nodes
+    assign = result.assign
+    if assign.shape != (n,):
+        raise ValueError(f"assignment has {assign.shape[0]} entries for {n} nodes")
+    num_parts = result.num_parts
+    node_arrays, unknown = _known_arrays(ds)
+    if unknown:
+        raise ValueError(f"{ds.path}: cannot reorder arrays {', '.join(sorted(unknown))} (unknown "
+                         "layout); nothing was written")
+    perm = np.argsort(assign, kind="stable").astype(np.int64)  # perm[new] = old
+    inv = np.empty(n, dtype=np.int64)
+    inv[perm] = np.arange(n, dtype=np.int64)
+    offsets = np.zeros(num_parts + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum(np.bincount(assign, minlength=num_parts))
+    orig = ds.load("nodes/perm")[perm] if ds.has("nodes/perm") else perm
+    old_indptr = ds.indptr
+    old_indices = ds.raw("indices")
+    new_indptr = np.zeros(n + 1, dtype=np.int64)
+    new_indptr[1:] = np.cumsum(np.diff(old_indptr)[perm])
+    t0 = time.perf_counter()
+    with DatasetWriter(out, overwrite=overwrite) as w:
+        w.sources = list(ds.manifest.get("sources", []))
+        w.write_array("indptr", new_indptr)
+        # --- topology: groups of new destination ids whose in-edges fit the budget
+        iw = w.array_writer("indices", old_indices.dtype, (), expected_rows=old_indices.shape[0])
+        edge_bytes = old_indices.dtype.itemsize + 8
+        max_group_edges = max(1, budget // (2 * edge_bytes))
+        g0 = 0
+        topo_passes = 0
+        while g0 < n:
+            g1 = int(np.searchsorted(new_indptr, new_indptr[g0] + max_group_edges, side="right")) - 1
+            g1 = min(max(g1, g0 + 1), n)
+            m = int(new_indptr[g1] - new_indptr[g0])
+            buf = np.empty(m, dtype=old_indices.dtype)
+            olds = perm[g0:g1]
+            lo, hi = int(olds.min()), int(olds.max()) + 1
+            got = 0
+            for start, ip, idx in _blocks(old_indptr, old_indices, max(max_group_edges, 1 << 16),
+                                          lo, hi):
+                got += int(relabel_lists(ip, idx, start, inv, g0, g1, new_indptr, buf))
+            assert got == m, (got, m)
+            iw.append(buf)
+            topo_passes += 1
+            g0 = g1
+        w.finish_array(iw)
+        # --- node arrays
+        feat_passes = 0
+        for rel in [ARRAY_NAMES["features"], *node_arrays]:
+            if rel not in ds.manifest["arrays"]:
+                continue
+            src = ds.raw(rel)
+            fw = w.array_writer(rel, src.dtype, src.shape[1:], expected_rows=n, chunk_rows=src.chunk_rows)
+            feat_passes += _permute_rows(src, perm, inv, fw, budget)
+            w.finish_array(fw)
+        if ds.has("labels"):
+            w.write_array("labels", ds.labels[perm])
+        for s in ("train", "valid", "test"):
+            if ds.has(s):
+                w.write_array(s, np.sort(inv[ds.split(s)]))
+        w.write_array("partition_offsets", offsets)
+        w.write_array("nodes/perm", orig.astype(np.int64))
+        # --- edge buckets (i -> j) stored destination-major: bucket (i, j) at index j * P + i
+        if edge_buckets:
+            new_indices = RawArray(w.arrays_root / ARRAY_NAMES["indices"])
+            sw = w.array_writer("partitions/buckets/src", old_indices.dtype, (),
+                                expected_rows=old_indices.shape[0])
+            dw = w.array_writer("partitions/buckets/dst", old_indices.dtype, (),
+                                expected_rows=old_indices.shape[0])
+            boff = np.zeros(num_parts * num_parts + 1, dtype=np.int64)
+            for j in range(num_parts):
+                a, b = int(offsets[j]), int(offsets[j + 1])
+                ea, eb = int(new_indptr[a]), int(new_indptr[b])
+                if (eb - ea) * 2 * old_indices.dtype.itemsize > budget:
+                    raise ValueError(f"partition {j} has {eb - ea:,} in-edges, more than the memory "
+                                     f"budget {format_bytes(budget)} holds for edge buckets; use more "
+                                     "partitions, a larger --memory-budget or --no-edge-buckets")
+                idx = new_indices.read(ea, eb)
+                so = np.empty(eb - ea, dtype=old_indices.dtype)
+                do = np.empty(eb - ea, dtype=old_indices.dtype)
+                counts = bucket_sort_block(new_indptr[a:b + 1], idx, a, offsets, num_parts, so, do)
+                boff[j * num_parts + 1:(j + 1) * num_parts + 1] = ea + np.cumsum(counts)
+                sw.append(so)
+                dw.append(do)
+            new_indices.close()
+            w.finish_array(sw)
+            w.finish_array(dw)
+            w.write_array("partitions/buckets/offsets", boff)
+        man = {k: v for k, v in ds.manifest.items()
+               if k not in ("format_version", "created", "tool", "tool_version", "sources", "arrays")}
+        summary = result.summary()
+        summary.update(rewrite_seconds=time.perf_counter() - t0, topology_passes=topo_passes,
+                       feature_passes=feat_passes, edge_buckets=edge_buckets)
+        man["partitioning"] = summary
+        return w.commit(**man)
+
+
+def partition_dataset(path: str | Path, num_parts: int, method: str = "metis",
+                      out: str | Path | None = None, seed: int = 0, balance_train: bool = True,
+                      passes: int = 2, objective: str = "fennel", memory_budget: int | str = "2GB",
+                      edge_buckets: bool = True, tol: float = 0.05,
+                      overwrite: bool = False) -> tuple[Path, PartitionResult]:
+    """Partition a dataset and rewrite it in partition order (``ooc partition``).
+
+    ``out=None`` rewrites the dataset in place (atomically: the old one is replaced only once the
+    new one is complete); an existing ``out`` elsewhere is replaced only with ``overwrite``.  The ids the assignment refers to are the dataset's current ids; the
+    original ids stay reachable through ``nodes/perm``.
+
+    Returns:
+        ``(path of the rewritten dataset, PartitionResult)``.
+
+    Raises:
+        ValueError: bad method or part count (before anything is written), unknown arrays.
+    """
+    ds = Dataset(path)
+    try:
+        check_num_parts(ds.num_nodes, num_parts)
+        topo = ds.indices if method == "metis" else ds.raw("indices")
+        train = ds.split("train")
+        block = max(1 << 16, parse_bytes(memory_budget) // 16)
+        res = partition_nodes(ds.indptr, topo, ds.num_nodes, num_parts, method, train, seed=seed,
+                              balance_train=balance_train, passes=passes, objective=objective,
+                              tol=tol, block_edges=block)
+        target = Path(out) if out is not None else ds.path
+        same = target.absolute() == ds.path.absolute()
+        new = reorder_dataset(ds, res, target, overwrite=same or overwrite,
+                              memory_budget=memory_budget, edge_buckets=edge_buckets)
+    finally:
+        ds.close()
+    return new, res

@@ -1,0 +1,157 @@
+"""Partitioning (random / METIS / streaming) and the partition-order rewrite: the issue's cases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import small_dataset
+from ooc.kernels.graph import build_csc
+from ooc.partition import METHODS, partition_dataset, partition_nodes
+from ooc.storage.dataset import Dataset
+from ooc.storage.rawarray import write_array, RawArray
+from ooc.tools.cli import main
+
+
+def undirected(pairs: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    src = [a for a, b in pairs] + [b for a, b in pairs]
+    dst = [b for a, b in pairs] + [a for a, b in pairs]
+    return src, dst
+
+
+SEVEN = undirected([(0, 1), (1, 2), (0, 2), (0, 3)])  # nodes 4-6 isolated
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_seven_nodes_every_method(tmp_path: Path, method: str, parts: int) -> None:
+    ds_path = small_dataset(tmp_path / "d", 7, *SEVEN)
+    out, res = partition_dataset(ds_path, parts, method, out=tmp_path / "p")
+    # every node in exactly one partition, none empty
+    assert res.assign.shape == (7,) and set(res.assign.tolist()) == set(range(parts))
+    ds = Dataset(out)
+    off = ds.partition_offsets
+    assert off[0] == 0 and off[-1] == 7 and np.all(np.diff(off) > 0) and off.shape == (parts + 1,)
+    perm = ds.load("nodes/perm")
+    assert sorted(perm.tolist()) == list(range(7))
+    # features follow the nodes (x[v] = original id v)
+    assert ds.features.read_all()[:, 0].tolist() == perm.astype(float).tolist()
+    # each directed edge owned by exactly one partition (its destination's CSC slice): 8 in total
+    ip, ix = ds.indptr, ds.indices
+    owned = []
+    for p in range(parts):
+        for v in range(off[p], off[p + 1]):
+            owned += [(int(perm[u]), int(perm[v])) for u in ix[ip[v]:ip[v + 1]]]
+    assert len(owned) == 8
+    assert sorted(owned) == sorted(zip(*SEVEN))
+    # edge buckets hold the same 8 edges, each in the bucket of (src partition, dst partition)
+    boff = ds.load("partitions/buckets/offsets")
+    bs, bd = ds.load("partitions/buckets/src"), ds.load("partitions/buckets/dst")
+    assert boff.shape == (parts * parts + 1,) and boff[-1] == 8
+    part = np.searchsorted(off, np.arange(7), side="right") - 1
+    seen = []
+    for j in range(parts):
+        for i in range(parts):
+            a, b = boff[j * parts + i], boff[j * parts + i + 1]
+            assert np.all(part[bs[a:b]] == i) and np.all(part[bd[a:b]] == j)
+            seen += [(int(perm[s]), int(perm[d])) for s, d in zip(bs[a:b], bd[a:b])]
+    assert sorted(seen) == sorted(zip(*SEVEN))
+    assert ds.check_structure() == []
+    assert res.num_edges == 8 and 0 <= res.edge_cut <= 8
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_no_empty_partition_path_and_ring(tmp_path: Path, method: str) -> None:
+    path = small_dataset(tmp_path / "path", 3, *undirected([(0, 1), (1, 2)]))
+    _, res = partition_dataset(path, 2, method, out=tmp_path / "path2")
+    assert sorted(np.bincount(res.assign).tolist()) == [1, 2]
+    ring = small_dataset(tmp_path / "ring", 10, *undirected([(i, (i + 1) % 10) for i in range(10)]))
+    out, res = partition_dataset(ring, 10, method, out=tmp_path / "ring10")
+    assert np.bincount(res.assign, minlength=10).tolist() == [1] * 10
+    assert Dataset(out).partition_offsets.tolist() == list(range(11))
+    assert res.edge_cut == 20
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_too_many_parts_fails_before_writing(tmp_path: Path, method: str) -> None:
+    path = small_dataset(tmp_path / "path", 3, *undirected([(0, 1), (1, 2)]))
+    with pytest.raises(ValueError, match="empty"):
+        partition_dataset(path, 4, method, out=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["path"]
+
+
+def two_cliques() -> tuple[np.ndarray, np.ndarray]:
+    pairs = [(a, b) for a in range(50) for b in range(a + 1, 50)]
+    pairs += [(a, b) for a in range(50, 100) for b in range(a + 1, 100)]
+    pairs += [(49, 50)]
+    s, d = undirected(pairs)
+    return np.array(s), np.array(d)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_training_node_balance_two_cliques(method: str) -> None:
+    s, d = two_cliques()
+    ip, ix = build_csc(s, d, 100)
+    res = partition_nodes(ip, ix, 100, 2, method, train_ids=np.arange(20), seed=0)
+    t = res.train_per_part.tolist()
+    assert all(8 <= x <= 12 for x in t), t
+    assert sum(t) == 20
+    assert res.sizes.sum() == 100 and res.sizes.min() > 0
+    if method == "metis":  # balanced training nodes AND a locality-preserving cut
+        assert res.edge_cut < 0.5 * res.num_edges
+
+
+def test_without_train_balance_metis_cuts_the_bridge() -> None:
+    s, d = two_cliques()
+    ip, ix = build_csc(s, d, 100)
+    res = partition_nodes(ip, ix, 100, 2, "metis", train_ids=np.arange(20), balance_train=False)
+    assert res.edge_cut == 2  # the bridge 49-50, both directions
+    assert sorted(res.train_per_part.tolist()) == [0, 20]
+
+
+def test_stream_partitioner_reads_topology_from_disk(tmp_path: Path) -> None:
+    """Fennel over indices read block by block gives the same result as over the in-memory array."""
+    from ooc.kernels.generators import planted_partition
+    g = planted_partition(2000, num_classes=4, avg_degree=8, p_intra=0.9, seed=2)
+    ip, ix = build_csc(g.src, g.dst, 2000)
+    write_array(tmp_path / "ix", ix, chunk_rows=1024)
+    mem = partition_nodes(ip, ix, 2000, 4, "stream", g.train, block_edges=500)
+    disk = partition_nodes(ip, RawArray(tmp_path / "ix"), 2000, 4, "stream", g.train, block_edges=500)
+    assert np.array_equal(mem.assign, disk.assign)
+    rnd = partition_nodes(ip, ix, 2000, 4, "random", g.train)
+    assert mem.edge_cut < 0.8 * rnd.edge_cut  # locality: far fewer cut edges than random
+    assert mem.sizes.max() <= 1.05 * 500 + 1
+
+
+def test_partition_twice_keeps_original_ids(tmp_path: Path) -> None:
+    from ooc.kernels.generators import planted_partition
+    from ooc.tools.convert import write_graph_dataset
+    g = planted_partition(600, num_classes=3, avg_degree=6, feat_dim=4, seed=5)
+    p = write_graph_dataset(tmp_path / "g", 600, g.src, g.dst, g.features, g.labels,
+                            {"train": g.train, "valid": g.valid, "test": g.test}, 3, "g")
+    out1, _ = partition_dataset(p, 4, "metis", out=tmp_path / "g1")
+    out2, _ = partition_dataset(out1, 3, "stream", out=tmp_path / "g2", memory_budget=4096)
+    ds = Dataset(out2)
+    perm = ds.load("nodes/perm")
+    assert np.array_equal(ds.features.read_all(), g.features[perm])
+    assert np.array_equal(ds.labels, g.labels[perm])
+    assert np.array_equal(np.sort(perm[ds.split("train")]), g.train)
+    # the relabelled CSC is the same graph
+    inv = np.argsort(perm)
+    ip, ix = build_csc(inv[g.src], inv[g.dst], 600)
+    assert np.array_equal(ds.indptr, ip) and np.array_equal(ds.indices, ix)
+    assert ds.manifest["partitioning"]["method"] == "stream"
+    assert ds.verify_checksums() == [] and ds.check_structure() == []
+
+
+def test_cli_partition_in_place(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    p = small_dataset(tmp_path / "d", 7, *SEVEN)
+    assert main(["partition", str(p), "--parts", "2", "--method", "stream"]) == 0
+    out = capsys.readouterr().out
+    assert "edge cut" in out and "train/part" in out
+    assert Dataset(p).partition_offsets.shape == (3,)
+    assert main(["partition", str(p), "--parts", "9", "--method", "random"]) == 2
+    assert "empty" in capsys.readouterr().err

@@ -1,0 +1,332 @@
+"""``ooc bench ooc``: the out-of-core engine measured side by side (results go to docs/benchmarks.md).
+
+Synthetic part: a streaming planted-partition graph (communities -> classes, class-correlated
+float16 features; :func:`ooc.kernels.generators.planted_in_edges`) written straight into the store,
+partitioned with ``ooc partition --method metis`` (the streaming partitioner's cut is recorded
+too), then, with the page cache dropped before every
+run (``sync; echo 3 > /proc/sys/vm/drop_caches``, needs root) and O_DIRECT reads:
+
+1. ``dd iflag=direct`` read bandwidth of a file on the same disk vs the partition-load bandwidth of
+   the buffer manager (all partitions, sequentially, as swaps do);
+2. training runs, each in its own process (so peak RSS is per run): everything resident (budget >=
+   dataset), then ``hybrid``, ``buffer`` and ``exact`` at a budget <= dataset / 3;
+3. a table: epoch time, ratio to everything-resident, bytes read, hit ratios, swaps vs lower bound,
+   I/O stall, peak RSS over the runtime baseline vs the budget, test accuracy.
+
+Planetoid part: Cora and CiteSeer partitioned with METIS into P = 8, every mode at budgets of 1, 2
+and 8 partitions, test accuracy (mean of ``seeds`` seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["write_planted_stream", "drop_caches", "dd_direct_bandwidth", "partition_load_bandwidth",
+           "run_bench_ooc", "run_planetoid_table", "add_bench_ooc"]
+
+
+def write_planted_stream(out: str | Path, num_nodes: int, feat_dim: int = 128, num_classes: int = 16,
+                         num_groups: int = 512, degree: int = 10, p_intra: float = 0.85,
+                         noise: float = 25.0, train_frac: float = 0.01, eval_frac: float = 0.0025,
+                         seed: int = 0, block: int = 1 << 18, overwrite: bool = True) -> Path:
+    """Write a planted-partition dataset block by block (O(N) memory, float16 features).
+
+    Nodes belong to ``num_groups`` random communities (labels ``group % num_classes``); features are
+    ``centroid[label] + noise * N(0, I)``; every node has ``degree`` in-edges (``p_intra`` from its
+    community).  Splits: random ``train_frac`` / ``eval_frac`` / ``eval_frac`` of the nodes.
+
+    Returns:
+        The dataset path.
+    """
+    from ooc.kernels.generators import planted_in_edges
+    from ooc.storage.dataset import DatasetWriter
+    rng = np.random.default_rng(seed)
+    groups = rng.integers(0, num_groups, num_nodes).astype(np.int32)
+    labels = (groups % num_classes).astype(np.int32)
+    order = np.argsort(groups, kind="stable").astype(np.int64)
+    starts = np.zeros(num_groups + 1, dtype=np.int64)
+    starts[1:] = np.cumsum(np.bincount(groups, minlength=num_groups))
+    centroids = rng.normal(0.0, 1.0, (num_classes, feat_dim)).astype(np.float32)
+    idx_dtype = np.int32 if num_nodes < 2**31 else np.int64
+    with DatasetWriter(out, overwrite=overwrite) as w:
+        w.write_array("indptr", np.arange(num_nodes + 1, dtype=np.int64) * degree)
+        iw = w.array_writer("indices", idx_dtype, (), expected_rows=num_nodes * degree)
+        fw = w.array_writer("features", np.float16, (feat_dim,), expected_rows=num_nodes)
+        for a in range(0, num_nodes, block):
+            b = min(num_nodes, a + block)
+            brng = np.random.default_rng([seed, a])
+            iw.append(planted_in_edges(groups, order, starts, a, b, degree, p_intra, brng)
+                      .astype(idx_dtype))
+            x = centroids[labels[a:b]] + noise * brng.standard_normal((b - a, feat_dim),
+                                                                       dtype=np.float32)
+            fw.append(x.astype(np.float16))
+        w.finish_array(iw)
+        w.finish_array(fw)
+        w.write_array("labels", labels)
+        perm = rng.permutation(num_nodes)
+        t, e = int(train_frac * num_nodes), int(eval_frac * num_nodes)
+        w.write_array("train", np.sort(perm[:t]))
+        w.write_array("valid", np.sort(perm[t:t + e]))
+        w.write_array("test", np.sort(perm[t + e:t + 2 * e]))
+        return w.commit(name="planted-stream", num_nodes=num_nodes, num_classes=num_classes,
+                        source_format="planted-stream",
+                        generator={"seed": seed, "groups": num_groups, "degree": degree,
+                                   "p_intra": p_intra, "noise": noise})
+
+
+_DROP = True
+
+
+def drop_caches() -> bool:
+    """``sync; echo 3 > /proc/sys/vm/drop_caches``; False where not permitted or disabled
+    (``--no-drop-caches``: all feature reads are O_DIRECT anyway, so the page cache cannot serve them)."""
+    if not _DROP:
+        return False
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def dd_direct_bandwidth(workdir: Path, nbytes: int = 1 << 30) -> dict:
+    """Write a ``nbytes`` file, drop caches, read it with ``dd iflag=direct bs=8M``; bytes/s."""
+    path = workdir / "dd.bin"
+    with open(path, "wb") as f:
+        chunk = np.random.default_rng(0).integers(0, 255, 8 << 20, dtype=np.uint8).tobytes()
+        for _ in range(nbytes // len(chunk)):
+            f.write(chunk)
+    drop_caches()
+    t = time.perf_counter()
+    r = subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=8M", "iflag=direct"],
+                       capture_output=True, text=True, check=True)
+    dt = time.perf_counter() - t
+    path.unlink()
+    return {"bytes": nbytes, "seconds": dt, "bandwidth_Bps": nbytes / dt,
+            "dd": r.stderr.strip().splitlines()[-1]}
+
+
+def partition_load_bandwidth(ds_path: Path, direct: bool = True, threads: int = 4) -> dict:
+    """Load every partition once, in order, as the buffer manager's swaps do (page cache dropped)."""
+    from ooc.io import ALIGN, DiskRows, aligned_empty
+    from ooc.storage.dataset import Dataset
+    ds = Dataset(ds_path)
+    off = ds.partition_offsets
+    rows = DiskRows(ds.features, direct=direct, threads=threads)
+    buf = aligned_empty(int(np.diff(off).max()) * rows.row_bytes + 2 * ALIGN)
+    drop_caches()
+    t = time.perf_counter()
+    total = 0
+    for p in range(off.shape[0] - 1):
+        total += rows.read_range(int(off[p]), int(off[p + 1]), buf)
+    dt = time.perf_counter() - t
+    rows.close()
+    ds.close()
+    return {"bytes": total, "seconds": dt, "bandwidth_Bps": total / dt, "direct": direct,
+            "threads": threads}
+
+
+def _train(ds: Path, out: Path, args: list[str]) -> dict:
+    drop_caches()
+    cmd = [sys.executable, "-m", "ooc.tools.cli", "train", str(ds), "--output-dir", str(out),
+           "--no-progress", *args]
+    t = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
+    m = json.loads((out / "metrics.json").read_text())
+    m["command"] = "ooc train " + " ".join(str(c) for c in cmd[4:])
+    m["process_wall_s"] = time.perf_counter() - t
+    return m
+
+
+def _row(name: str, m: dict, base_epoch: float | None) -> dict:
+    h = m["history"]
+    ep = float(h[-1]["train_time_s"])  # steady state: the last epoch (the first also fills the buffer)
+    return {"run": name, "mode": m["mode"], "epoch_train_s": ep,
+            "first_epoch_train_s": float(h[0]["train_time_s"]),
+            "ratio_to_resident": ep / base_epoch if base_epoch else 1.0,
+            "bytes_read_per_epoch": float(np.mean([x["bytes_read"] for x in h])),
+            "buffer_hit_ratio": m["buffer_hit_ratio"], "cache_hit_ratio": m["cache_hit_ratio"],
+            "swaps_per_epoch": float(np.mean([x.get("swaps", 0) for x in h])),
+            "swaps_lower_bound": h[-1].get("swaps_lower_bound"),
+            "stall_s_per_epoch": float(np.mean([x["stall_s"] for x in h])),
+            "peak_rss_over_baseline": m["peak_rss_bytes"] - m["rss_baseline_bytes"],
+            "rss_baseline": m["rss_baseline_bytes"], "budget": m["budget"]["budget"],
+            "test_acc": m["test_acc"], "final_test_acc": m["final_test_acc"],
+            "resident_partitions": m["budget"]["slots"], "num_parts": m["budget"]["num_parts"],
+            "command": m["command"]}
+
+
+def run_bench_ooc(workdir: Path, nodes: int, feat_dim: int, parts: int, budget: int | None,
+                  epochs: int, modes: list[str], keep: bool = False) -> dict:
+    """The synthetic side-by-side benchmark; returns (and writes) the result dictionary."""
+    from ooc.partition import partition_dataset
+    from ooc.storage.dataset import Dataset
+    workdir.mkdir(parents=True, exist_ok=True)
+    res: dict = {"drop_caches": _DROP, "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "
+                            f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
+                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    t = time.perf_counter()
+    ds_path = write_planted_stream(workdir / "planted", nodes, feat_dim)
+    res["generate_s"] = time.perf_counter() - t
+    from ooc.partition import partition_nodes
+    from ooc.storage.dataset import Dataset as _D
+    d0 = _D(ds_path)  # the streaming partitioner's cut, for the record (not used for training)
+    t = time.perf_counter()
+    sres = partition_nodes(d0.indptr, d0.raw("indices"), d0.num_nodes, parts, "stream",
+                           d0.split("train"))
+    res["stream_partition"] = {"seconds": time.perf_counter() - t, "cut_fraction": sres.cut_fraction}
+    d0.close()
+    del sres
+    t = time.perf_counter()
+    _, pres = partition_dataset(ds_path, parts, "metis", memory_budget="2GB")
+    res["partition_s"] = time.perf_counter() - t
+    res["partition"] = {k: v for k, v in pres.summary().items() if k not in ("sizes", "train_per_part")}
+    ds = Dataset(ds_path)
+    size = ds.features.nbytes + ds.raw("indices").nbytes + ds.raw("indptr").nbytes
+    res["dataset_bytes"] = size
+    res["features_bytes"] = ds.features.nbytes
+    res["num_edges"] = ds.num_edges
+    ds.close()
+    budget = budget or size // 3
+    res["budget"] = budget
+    res["dd"] = dd_direct_bandwidth(workdir)
+    res["partition_loads"] = partition_load_bandwidth(ds_path)
+    common = ["--model", "sage", "--fanout", "10,10", "--batch-size", "256", "--hidden", "64",
+              "--epochs", str(epochs), "--prefetch", "1", "--eval-batch-size", "256",
+              "--partitions", str(parts), "--direct-io", "--seed", "0", "--lr", "0.01",
+              "--weight-decay", "0"]
+    runs = {}
+    runs["resident"] = _train(ds_path, workdir / "run-resident",
+                              common + ["--mode", "hybrid", "--memory-budget", str(64 << 30)])
+    base = float(runs["resident"]["history"][-1]["train_time_s"])
+    for mode in modes:
+        runs[mode] = _train(ds_path, workdir / f"run-{mode}",
+                            common + ["--mode", mode, "--memory-budget", str(budget)]
+                            + (["--topology", "disk"] if mode == "buffer" else []))
+    res["rows"] = [_row(k, m, base) for k, m in runs.items()]
+    (workdir / "bench_ooc.json").write_text(json.dumps(res, indent=2))
+    if not keep:
+        import shutil
+        shutil.rmtree(workdir / "planted", ignore_errors=True)
+    return res
+
+
+def run_planetoid_table(shared: Path, workdir: Path, names: list[str], seeds: int,
+                        epochs: int, eval_every: int = 5) -> list[dict]:
+    """Accuracy of every mode on Planetoid datasets, METIS P = 8, budgets of 1, 2, 8 partitions.
+
+    Runs that are identical by construction are trained once and reported for each budget:
+    ``exact`` does not depend on the budget (tested: identical loss sequences), and with all 8
+    partitions resident ``buffer`` and ``hybrid`` share the plan and sample the full graph.
+    """
+    from ooc.config import TrainConfig
+    from ooc.partition import partition_dataset
+    from ooc.tools.convert import convert_planetoid
+    from ooc.train import train
+    rows = []
+    for name in names:
+        ds = convert_planetoid(shared / name / "planetoid", name, workdir / name, overwrite=True)
+        _, pres = partition_dataset(ds, 8, "metis")
+        runs: dict = {}
+        for mode, c in [("exact", 8), ("hybrid", 1), ("hybrid", 2), ("hybrid", 8), ("buffer", 1),
+                        ("buffer", 2)]:
+            accs, hits = [], []
+            for s in range(seeds):
+                cfg = TrainConfig(dataset=str(ds), output_dir=str(workdir / f"{name}-{mode}-{c}-{s}"),
+                                  model="gcn", fanouts=[10, 10], batch_size=256, epochs=epochs,
+                                  hidden=16, feat_norm="row", partitions=8, buffer_partitions=c,
+                                  seed=s, mode=mode, eval_every=eval_every, progress=False)
+                m = train(cfg)
+                accs.append(m["test_acc"])
+                hits.append(m["buffer_hit_ratio"])
+            runs[(mode, c)] = (accs, hits)
+        runs[("buffer", 8)] = runs[("hybrid", 8)]
+        for c in (1, 2):
+            runs[("exact", c)] = runs[("exact", 8)]
+        for mode in ("exact", "hybrid", "buffer"):
+            for c in (1, 2, 8):
+                accs, hits = runs[(mode, c)]
+                rows.append({"dataset": name, "mode": mode, "resident": c, "seeds": seeds,
+                             "edge_cut": pres.cut_fraction,
+                             "test_acc_mean": float(np.mean(accs)), "test_acc_std": float(np.std(accs)),
+                             "buffer_hit_ratio": float(np.mean(hits))})
+                print(f"{name:9s} {mode:7s} {c}/8 resident: {100 * np.mean(accs):.1f} "
+                      f"+- {100 * np.std(accs):.1f} (hit ratio {np.mean(hits):.3f})", flush=True)
+    (workdir / "planetoid_table.json").write_text(json.dumps(rows, indent=2))
+    return rows
+
+
+def _print_synthetic(res: dict) -> None:
+    gb = 1e9
+    print(f"dataset {res['dataset_bytes'] / gb:.2f} GB (features {res['features_bytes'] / gb:.2f} GB, "
+          f"{res['num_edges']:,} edges), budget {res['budget'] / gb:.2f} GB; generate "
+          f"{res['generate_s']:.0f} s, METIS partition + rewrite {res['partition_s']:.0f} s "
+          f"(cut {100 * res['partition']['cut_fraction']:.1f}%; stream/Fennel cut "
+          f"{100 * res['stream_partition']['cut_fraction']:.1f}% in "
+          f"{res['stream_partition']['seconds']:.0f} s)")
+    print(f"dd iflag=direct {res['dd']['bandwidth_Bps'] / 1e6:.0f} MB/s; partition loads "
+          f"{res['partition_loads']['bandwidth_Bps'] / 1e6:.0f} MB/s "
+          f"({100 * res['partition_loads']['bandwidth_Bps'] / res['dd']['bandwidth_Bps']:.0f}% of dd)")
+    print("| run | resident parts | last epoch (s) | vs resident | read/epoch (GB) | buffer hit | cache hit "
+          "| swaps (lower bound) | stall (s) | peak RSS - baseline (GB) | test acc |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in res["rows"]:
+        print(f"| {r['run']} | {r['resident_partitions']}/{r['num_parts']} | {r['epoch_train_s']:.1f} | "
+              f"{r['ratio_to_resident']:.2f}x | {r['bytes_read_per_epoch'] / gb:.2f} | "
+              f"{r['buffer_hit_ratio']:.3f} | {r['cache_hit_ratio']:.3f} | {r['swaps_per_epoch']:.0f} "
+              f"({r['swaps_lower_bound']}) | {r['stall_s_per_epoch']:.1f} | "
+              f"{r['peak_rss_over_baseline'] / gb:.2f} (budget {r['budget'] / gb:.2f}) | "
+              f"{100 * r['test_acc']:.2f} |")
+
+
+def _cmd_bench_ooc(args: argparse.Namespace) -> int:
+    from ooc.budget import parse_bytes
+    global _DROP
+    _DROP = not args.no_drop_caches
+    work = Path(args.workdir)
+    if not args.skip_synthetic:
+        res = run_bench_ooc(work, args.nodes, args.feat_dim, args.parts,
+                            parse_bytes(args.budget) if args.budget else None, args.epochs,
+                            args.modes.split(","), keep=args.keep)
+        _print_synthetic(res)
+    if not args.skip_planetoid:
+        from ooc.tools.cli import log  # noqa: F401 (same logging setup)
+        shared = Path(args.shared_data)
+        run_planetoid_table(shared, work / "planetoid", ["cora", "citeseer"], args.seeds,
+                            args.planetoid_epochs)
+    return 0
+
+
+def add_bench_ooc(bsub: argparse._SubParsersAction) -> None:
+    """Register ``ooc bench ooc`` on the subparsers of ``ooc bench``."""
+    p = bsub.add_parser("ooc", help="out-of-core engine: bandwidth, epoch time, RSS, accuracy",
+                        description=__doc__.split("\n\n")[1] if __doc__ else None)
+    p.add_argument("--workdir", default="/work/bench-data/issue5/bench")
+    p.add_argument("--nodes", type=int, default=4_000_000)
+    p.add_argument("--feat-dim", type=int, default=256)
+    p.add_argument("--parts", type=int, default=32)
+    p.add_argument("--budget", default="", help="default: dataset bytes / 3")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--modes", default="hybrid,buffer,exact")
+    p.add_argument("--keep", action="store_true", help="keep the generated dataset")
+    p.add_argument("--skip-synthetic", action="store_true")
+    p.add_argument("--skip-planetoid", action="store_true")
+    p.add_argument("--shared-data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--no-drop-caches", action="store_true",
+                   help="do not drop the page cache (reads are O_DIRECT; spares other users)")
+    p.add_argument("--planetoid-epochs", type=int, default=100)
+    p.set_defaults(func=_cmd_bench_ooc)
