@@ -151,7 +151,8 @@ def build_data_path(cfg: TrainConfig, ds: Dataset, topology: tuple[np.ndarray, n
     else:
         offsets = contiguous_partitions(ds.num_nodes, cfg.partitions)
     buffer = PartitionBuffer(ds.features, offsets, cfg.buffer_partitions, io_threads=cfg.io_threads)
-    loader = loader_cls(indptr, indices, degrees, ds.labels, buffer, cfg.fanouts, cfg.seed,
+    labels = ds.labels if ds.has("labels") else np.zeros(ds.num_nodes, dtype=np.int32)
+    loader = loader_cls(indptr, indices, degrees, labels, buffer, cfg.fanouts, cfg.seed,
                         replace=cfg.replace, prefetch=cfg.prefetch, feat_norm=cfg.feat_norm, **loader_kw)
     return DataPath(indptr, indices, degrees, offsets, buffer, loader)
 
@@ -433,7 +434,10 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
 
     ds = Dataset(cfg.dataset)
     task = make_task(cfg, ds)
-    model = make_model(cfg, ds.feat_dim, task.out_dim).to(device)
+    model = make_model(cfg, ds.feat_dim, task.out_dim)
+    if hasattr(task, "prepare_model"):
+        task.prepare_model(model)
+    model.to(device)
     opt = _make_optimizer(cfg, model.parameters())
     sched = _make_scheduler(cfg, opt)
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16) \
