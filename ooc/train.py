@@ -311,7 +311,13 @@ def make_model(cfg: TrainConfig, in_dim: int, out_dim: int) -> GNN:
                        gin_train_eps=cfg.gin_train_eps)
 
 
-def _make_optimizer(cfg: TrainConfig, params: Any) -> torch.optim.Optimizer:
+def _make_optimizer(cfg: TrainConfig, model: GNN) -> torch.optim.Optimizer:
+    params: Any = model.parameters()
+    if cfg.weight_decay_scope == "first" and cfg.weight_decay:
+        first = list(model.layers[0].parameters())
+        ids = {id(p) for p in first}
+        params = [{"params": first},
+                  {"params": [p for p in model.parameters() if id(p) not in ids], "weight_decay": 0.0}]
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "sgd":
@@ -438,7 +444,7 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
     if hasattr(task, "prepare_model"):
         task.prepare_model(model)
     model.to(device)
-    opt = _make_optimizer(cfg, model.parameters())
+    opt = _make_optimizer(cfg, model)
     sched = _make_scheduler(cfg, opt)
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16) \
         if use_amp else None
