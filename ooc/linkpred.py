@@ -280,17 +280,26 @@ class LinkTask:
         emb = layerwise_inference(model, self.data, self.cfg.eval_batch_size, out_dir, device,
                                   keep=(L - 1,))[L - 1]
         dec = model.decoder.cpu() if device.type != "cpu" else model.decoder
+        n = self.split.num_nodes
+        # in memory: score each chunk of heads against all nodes with one matmul and pick the
+        # candidates; on disk: gather the candidates' rows
+        full = torch.from_numpy(emb.array) if isinstance(emb.array, np.ndarray) else None
         res: dict = {}
         for part, prefix in (("valid", "val"), ("test", "test")):
             pairs, tails, valid = self.candidates(part)
             pos_l, neg_l = [], []
-            for s in range(0, pairs.shape[0], 256):
-                hu = torch.from_numpy(emb.gather(pairs[s:s + 256, 0]))
-                hv = torch.from_numpy(emb.gather(pairs[s:s + 256, 1]))
-                t = tails[s:s + 256]
-                ht = torch.from_numpy(emb.gather(t.reshape(-1))).view(t.shape[0], t.shape[1], -1)
+            step = max(1, min(1024, (1 << 24) // max(n, 1))) if full is not None else 256
+            for s in range(0, pairs.shape[0], step):
+                hu = torch.from_numpy(emb.gather(pairs[s:s + step, 0]))
+                hv = torch.from_numpy(emb.gather(pairs[s:s + step, 1]))
+                t = tails[s:s + step]
                 pos_l.append(dec(hu, hv).numpy())
-                neg_l.append(dec(hu.unsqueeze(1), ht).numpy())
+                if full is not None:
+                    q = hu * dec.rel if dec.rel is not None else hu
+                    neg_l.append((q @ full.T).gather(1, torch.from_numpy(t)).numpy())
+                else:
+                    ht = torch.from_numpy(emb.gather(t.reshape(-1))).view(t.shape[0], t.shape[1], -1)
+                    neg_l.append(dec(hu.unsqueeze(1), ht).numpy())
             pos = np.concatenate(pos_l) if pos_l else np.empty(0, dtype=np.float32)
             neg = np.concatenate(neg_l) if neg_l else np.empty((0, tails.shape[1]), dtype=np.float32)
             for k, v in ranking_metrics(pos, neg, valid, tuple(self.cfg.hits_k)).items():
