@@ -399,6 +399,23 @@ def _read_jsonl(path: Path) -> list[dict]:
     return out
 
 
+#: Options a resumed run may change: they affect speed, logging or when training stops, never the
+#: weights of an epoch (the buffer and prefetch depth do not change batches; tested).
+RESUMABLE_CHANGES = frozenset({
+    "epochs", "progress", "checkpoint_every", "output_dir", "threads", "device", "io_threads",
+    "prefetch", "eval_batch_size", "patience", "eval_every", "eval_mode", "buffer_partitions",
+    "topology"})
+
+
+def _check_resume_config(saved: dict, now: dict) -> None:
+    """Raise ValueError when ``now`` changes an option a resumed run must keep."""
+    diff = [k for k in now if k in saved and k not in RESUMABLE_CHANGES and saved[k] != now[k]]
+    if diff:
+        raise ValueError("--resume: " + ", ".join(f"{k} {saved[k]!r} -> {now[k]!r}" for k in diff)
+                         + " would change the training being resumed; only "
+                         + ", ".join(sorted(RESUMABLE_CHANGES)) + " may change")
+
+
 # ====================================================================== the loop
 def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None = None) -> dict:
     """Train as configured; see the module docstring for the run directory.
@@ -428,6 +445,8 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / "checkpoint.pt"
     ckpt = load_checkpoint(ckpt_path) if resume else None
+    if ckpt is not None:
+        _check_resume_config(ckpt.get("config", {}), cfg.to_dict())
     cfg.save(out)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
