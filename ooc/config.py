@@ -141,6 +141,9 @@ class TrainConfig:
     epochs: int = _opt(10, "train", "training epochs")
     lr: float = _opt(0.01, "train", "learning rate")
     weight_decay: float = _opt(5e-4, "train", "L2 penalty (Adam) / decoupled decay (AdamW)")
+    weight_decay_scope: str = _opt("all", "train", "parameters the weight decay applies to: all, or "
+                                   "first (the first layer only, as in Kipf & Welling's GCN)",
+                                   choices=("all", "first"))
     optimizer: str = _opt("adam", "train", "optimiser", choices=("adam", "adamw", "sgd"))
     lr_schedule: str = _opt("none", "train", "learning-rate schedule, stepped once per epoch",
                             choices=("none", "step", "cosine", "plateau"))

@@ -239,6 +239,8 @@ def load_run(run: str | os.PathLike, dataset: str | None = None,
     ds = Dataset(cfg.dataset)
     task = make_task(cfg, ds)
     model = make_model(cfg, ds.feat_dim, task.out_dim)
+    if hasattr(task, "prepare_model"):
+        task.prepare_model(model)
     model.load_state_dict(state)
     model.to(device).eval()
     return cfg, task, model, device

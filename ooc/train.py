@@ -151,7 +151,8 @@ def build_data_path(cfg: TrainConfig, ds: Dataset, topology: tuple[np.ndarray, n
     else:
         offsets = contiguous_partitions(ds.num_nodes, cfg.partitions)
     buffer = PartitionBuffer(ds.features, offsets, cfg.buffer_partitions, io_threads=cfg.io_threads)
-    loader = loader_cls(indptr, indices, degrees, ds.labels, buffer, cfg.fanouts, cfg.seed,
+    labels = ds.labels if ds.has("labels") else np.zeros(ds.num_nodes, dtype=np.int32)
+    loader = loader_cls(indptr, indices, degrees, labels, buffer, cfg.fanouts, cfg.seed,
                         replace=cfg.replace, prefetch=cfg.prefetch, feat_norm=cfg.feat_norm, **loader_kw)
     return DataPath(indptr, indices, degrees, offsets, buffer, loader)
 
@@ -313,7 +314,13 @@ def make_model(cfg: TrainConfig, in_dim: int, out_dim: int) -> GNN:
                        gin_train_eps=cfg.gin_train_eps)
 
 
-def _make_optimizer(cfg: TrainConfig, params: Any) -> torch.optim.Optimizer:
+def _make_optimizer(cfg: TrainConfig, model: GNN) -> torch.optim.Optimizer:
+    params: Any = model.parameters()
+    if cfg.weight_decay_scope == "first" and cfg.weight_decay:
+        first = list(model.layers[0].parameters())
+        ids = {id(p) for p in first}
+        params = [{"params": first},
+                  {"params": [p for p in model.parameters() if id(p) not in ids], "weight_decay": 0.0}]
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "sgd":
@@ -395,6 +402,23 @@ def _read_jsonl(path: Path) -> list[dict]:
     return out
 
 
+#: Options a resumed run may change: they affect speed, logging or when training stops, never the
+#: weights of an epoch (the buffer and prefetch depth do not change batches; tested).
+RESUMABLE_CHANGES = frozenset({
+    "epochs", "progress", "checkpoint_every", "output_dir", "threads", "device", "io_threads",
+    "prefetch", "eval_batch_size", "patience", "eval_every", "eval_mode", "buffer_partitions",
+    "topology"})
+
+
+def _check_resume_config(saved: dict, now: dict) -> None:
+    """Raise ValueError when ``now`` changes an option a resumed run must keep."""
+    diff = [k for k in now if k in saved and k not in RESUMABLE_CHANGES and saved[k] != now[k]]
+    if diff:
+        raise ValueError("--resume: " + ", ".join(f"{k} {saved[k]!r} -> {now[k]!r}" for k in diff)
+                         + " would change the training being resumed; only "
+                         + ", ".join(sorted(RESUMABLE_CHANGES)) + " may change")
+
+
 # ====================================================================== the loop
 def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None = None) -> dict:
     """Train as configured; see the module docstring for the run directory.
@@ -424,6 +448,8 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / "checkpoint.pt"
     ckpt = load_checkpoint(ckpt_path) if resume else None
+    if ckpt is not None:
+        _check_resume_config(ckpt.get("config", {}), cfg.to_dict())
     cfg.save(out)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -440,8 +466,11 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
         rss = warm_up_runtime(cfg.model, len(cfg.fanouts))
     ds = Dataset(cfg.dataset)
     task = make_task(cfg, ds, rss)
-    model = make_model(cfg, ds.feat_dim, task.out_dim).to(device)
-    opt = _make_optimizer(cfg, model.parameters())
+    model = make_model(cfg, ds.feat_dim, task.out_dim)
+    if hasattr(task, "prepare_model"):
+        task.prepare_model(model)
+    model.to(device)
+    opt = _make_optimizer(cfg, model)
     sched = _make_scheduler(cfg, opt)
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16) \
         if use_amp else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -116,3 +117,15 @@ def test_resume_without_checkpoint_fails(tmp_path: Path, planted_dataset: Path,
     _cfg(planted_dataset, run).save(run)
     assert main(["train", "--resume", str(run)]) == 2
     assert "no checkpoint" in capsys.readouterr().err
+
+
+def test_resume_refuses_a_different_training(planted_dataset: Path, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture) -> None:
+    run = tmp_path / "run"
+    train(_cfg(planted_dataset, run, epochs=1))
+    assert main(["train", "--resume", str(run), "--hidden", "32", "--no-progress"]) == 2
+    assert "hidden 16 -> 32" in capsys.readouterr().err
+    # more epochs is fine: training continues from the end of epoch 0
+    assert main(["train", "--resume", str(run), "--epochs", "2", "--no-progress"]) == 0
+    m = json.loads((run / "metrics.json").read_text())
+    assert m["epochs_run"] == 2 and m["steps"] == 30

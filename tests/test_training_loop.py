@@ -178,3 +178,19 @@ def test_every_model_runs_under_autocast(model: str) -> None:
     loss.backward()
     assert torch.isfinite(out.float()).all()
     assert all(torch.isfinite(p.grad).all() for p in net.parameters() if p.grad is not None)
+
+
+def test_weight_decay_scope_first_layer_only(planted_dataset: Path) -> None:
+    from ooc.train import _make_optimizer
+    net = build_model("gcn", 16, 8, 4, num_layers=2, dropout=0.5)
+    opt = _make_optimizer(TrainConfig(weight_decay=0.1, weight_decay_scope="first"), net)
+    g0, g1 = opt.param_groups
+    assert g0["weight_decay"] == 0.1 and g1["weight_decay"] == 0.0
+    assert {id(p) for p in g0["params"]} == {id(p) for p in net.layers[0].parameters()}
+    assert len(g0["params"]) + len(g1["params"]) == len(list(net.parameters()))
+
+
+def test_cli_accepts_negative_fanouts(planted_dataset: Path, tmp_path: Path) -> None:
+    assert main(["train", str(planted_dataset), "--fanout", "-1,-1", "--epochs", "1", "--partitions", "8",
+                 "--hidden", "8", "--output-dir", str(tmp_path / "r"), "--no-progress"]) == 0
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["fanouts"] == [-1, -1]

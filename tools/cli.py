@@ -590,6 +590,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _join_list_values(argv: list[str]) -> list[str]:
+    """``--fanout -1,-1`` -> ``--fanout=-1,-1``: argparse would take ``-1,-1`` for an option."""
+    import re
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("--fanout", "--fanouts") and i + 1 < len(argv) and \
+                re.fullmatch(r"-?\d+(,-?\d+)*,?", argv[i + 1]):
+            out.append(f"{a}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``ooc`` console script; returns the exit status."""
     # OpenMP waiters that spin make torch ops ~100x slower when other processes share the cores;
@@ -597,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
     import os
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_list_values(list(sys.argv[1:] if argv is None else argv)))
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from ooc.config import ConfigError
