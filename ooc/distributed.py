@@ -206,6 +206,10 @@ def _set_pdeathsig() -> None:
         pass
 
 
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Timed out", "timed out",
+              "Broken pipe", "NCCL communicator was aborted", "shared buffer:")
+
+
 def _entry(fn: Callable[..., Any], args: tuple, env: dict[str, str]) -> None:
     """Body of a spawned rank: apply its environment, run ``fn(*args)``, exit 0 or 1."""
     _set_pdeathsig()
@@ -215,7 +219,10 @@ def _entry(fn: Callable[..., Any], args: tuple, env: dict[str, str]) -> None:
         fn(*args)
     except BaseException as e:  # noqa: BLE001 -- reported, then the process ends non-zero
         traceback.print_exc()
-        print(f"ooc: rank {rank} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        msg = f"{type(e).__name__}: {e}"
+        if any(t in str(e) for t in _PEER_LOST):
+            msg = f"lost contact with another rank (it died or stopped answering): {msg}"
+        print(f"ooc: rank {rank} failed: {msg}", file=sys.stderr, flush=True)
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(1)  # do not wait for threads blocked in I/O or collectives
@@ -569,6 +576,15 @@ class ShardedTask:
         self.inner = task
         self.ctx = ctx
         self._plan: ShardedPlan | None = None
+        # every machine reads its own dataset copy: they must agree, or step counts would differ
+        ds = task.ds
+        ids = task.train_ids
+        mine = (int(ds.num_nodes), int(ds.num_edges), int(ds.feat_dim), int(ids.shape[0]),
+                int(ids.sum()), int(task.val_ids.shape[0]), int(task.test_ids.shape[0]))
+        every = ctx.all_gather_object(mine)
+        if len(set(every)) != 1:
+            raise ValueError("the ranks' dataset copies differ (nodes, edges, feature dim, train/valid/"
+                             f"test counts): {sorted(set(every))}; every machine needs the same dataset")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -688,6 +704,10 @@ def train_worker(cfg_dict: dict, resume: bool) -> None:
     if not _logging.getLogger().handlers:
         _logging.basicConfig(level=_logging.WARNING,
                              format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    import threading
+
+    from tqdm import tqdm
+    tqdm.set_lock(threading.RLock())  # not tqdm's default multiprocessing lock: a killed rank leaks none
     ctx = init_from_env()
     try:
         cfg = TrainConfig().update(cfg_dict, source="launcher")

@@ -10,9 +10,11 @@ import gc
 import json
 from pathlib import Path
 
+import torch
+
 from ooc.config import TrainConfig
 from ooc.distributed import init_from_env
-from ooc.train import train
+from ooc.train import Interrupted, train
 
 
 def _cfg(ds: str, out: Path, **kw: object) -> TrainConfig:
@@ -36,9 +38,19 @@ def steps_and_eval(ds_many: str, ds_few: str, out: str) -> None:
         res["few_steps"] = m["distributed"]["steps_per_rank"]
         res["few_val"] = m["history"][0]["val_acc"]
         res["few_test"] = m["history"][0]["test_acc"]
+        # resume under DDP: every rank restarts from its own checkpoint, bit-exact
+        kw = dict(epochs=3, checkpoint_every=1, dropout=0.3)
+        full = train(_cfg(ds_few, Path(out) / "full", **kw), dist=ctx)
+        try:
+            train(_cfg(ds_few, Path(out) / "cut", **kw), dist=ctx, stop_after_steps=3)
+        except Interrupted:
+            pass
+        cut = train(_cfg(ds_few, Path(out) / "cut", **kw), resume=True, dist=ctx)
+        res["resume_losses_equal"] = full["losses"] == cut["losses"]
+        res["resume_weights_equal"] = all(
+            torch.equal(a, b) for a, b in zip(_final(ctx, Path(out) / "full").values(),
+                                               _final(ctx, Path(out) / "cut").values()))
         if ctx.rank == 0:  # the single-process metric of the very same weights
-            import torch
-
             from ooc.storage.dataset import Dataset
             from ooc.train import NodeTask, evaluate, make_model
             cfg = _cfg(ds_few, Path(out) / "single")
@@ -54,6 +66,10 @@ def steps_and_eval(ds_many: str, ds_few: str, out: str) -> None:
     finally:
         ctx.close()
     (Path(out) / f"result{res['rank']}.json").write_text(json.dumps(res))
+
+
+def _final(ctx, run: Path) -> dict:
+    return torch.load(ctx.run_dir(run) / "checkpoint.pt", weights_only=True)["model"]
 
 
 def memory(ds: str, out: str) -> None:

@@ -91,6 +91,13 @@ def _base(ds: Path, out: Path, **kw: object) -> list[str]:
     return args
 
 
+@pytest.fixture(scope="module")
+def single_128(planted_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """The reference: one process, batch 128, one epoch (run directory, metrics)."""
+    out = tmp_path_factory.mktemp("single") / "one"
+    return out, _single(planted_dataset, out, batch_size=128)
+
+
 def _single(ds: Path, out: Path, batch_size: int) -> dict:
     cfg = TrainConfig(dataset=str(ds), output_dir=str(out), model="sage", fanouts=[5, 5], hidden=16,
                       epochs=1, partitions=8, buffer_partitions=2, dropout=0.0, seed=3,
@@ -140,16 +147,17 @@ def test_parse_devices_cpu() -> None:
 
 
 # ---------------------------------------------------------------------------- must hold
-def test_one_process_2B_equals_two_processes_B(planted_dataset: Path, tmp_path: Path) -> None:
+def test_one_process_2B_equals_two_processes_B(planted_dataset: Path, tmp_path: Path,
+                                               single_128: tuple[Path, dict]) -> None:
     """1 process with batch 2B and 2 processes with batch B (shared buffer on) train the same model."""
     p = _cli(_base(planted_dataset, tmp_path / "two", batch_size=64, devices=2), JOB_TIMEOUT)
-    single = _single(planted_dataset, tmp_path / "one", batch_size=128)   # overlaps with the job
+    one, single = single_128
     rc, out, err = _finish(p, JOB_TIMEOUT)
     assert rc == 0, err[-3000:]
     two = json.loads((tmp_path / "two" / "metrics.json").read_text())
     assert two["distributed"]["steps_per_rank"] == [single["steps"]] * 2 == [8, 8]
     assert two["distributed"]["shared_buffer"] is True
-    _assert_close(_weights(tmp_path / "one"), _weights(tmp_path / "two"), atol=1e-5)
+    _assert_close(_weights(one), _weights(tmp_path / "two"), atol=1e-5)
     _assert_close(_weights(tmp_path / "two"), _weights(tmp_path / "two" / "rank1"), atol=0)
     h1, h2 = single["history"][0], two["history"][0]
     assert h2["loss"] == pytest.approx(h1["loss"], abs=1e-5)
@@ -177,54 +185,58 @@ def test_uneven_seeds_equal_steps_and_exact_eval(tmp_path: Path) -> None:
     for r in res:
         assert r["many_steps"] == [2, 2, 2, 2]      # ceil(4097 / 4096)
         assert r["few_steps"] == [2, 2, 2, 2]       # ceil(10 / 8)
+        assert r["resume_losses_equal"] and r["resume_weights_equal"]  # per-rank checkpoints
     assert len({(r["few_val"], r["few_test"]) for r in res}) == 1  # the same on every rank
     assert res[0]["few_val"] == res[0]["single_val"]
     assert res[0]["few_test"] == res[0]["single_test"]
     assert res[0]["few_val"] * 3 == pytest.approx(round(res[0]["few_val"] * 3))  # k of 3 nodes
 
 
-def test_two_machines_each_with_its_own_dataset_copy(planted_dataset: Path, tmp_path: Path) -> None:
-    """Two local launchers stand in for two machines (2 ranks each, gloo on 127.0.0.1), each with
-    its own dataset copy: 4 ranks of batch B train the model of one process with batch 4B."""
+def test_two_machines_each_with_its_own_dataset_copy(planted_dataset: Path, tmp_path: Path,
+                                                     single_128: tuple[Path, dict]) -> None:
+    """Two local launchers stand in for two machines (gloo on 127.0.0.1, a device cache per rank),
+    each with its own dataset copy: 2 ranks of batch B train the model of one process with 2B."""
     copies = []
     for m in range(2):
         copies.append(tmp_path / f"machine{m}" / "planted")
         shutil.copytree(planted_dataset, copies[-1])
     port = free_port()
-    procs = [_cli(_base(copies[m], tmp_path / f"machine{m}" / "run", batch_size=32, devices=2,
-                        nnodes=2, node_rank=m, master_addr="127.0.0.1", master_port=port),
+    procs = [_cli(_base(copies[m], tmp_path / f"machine{m}" / "run", batch_size=64, devices=1,
+                        nnodes=2, node_rank=m, master_addr="127.0.0.1", master_port=port,
+                        device_cache="24KB"),
                   JOB_TIMEOUT) for m in range(2)]
     try:
-        single = _single(planted_dataset, tmp_path / "one", batch_size=128)
         results = [_finish(p, JOB_TIMEOUT) for p in procs]
     finally:
         for p in procs:
             _killpg(p)
     for rc, _, err in results:
         assert rc == 0, err[-3000:]
+    one, single = single_128
     m0 = json.loads((tmp_path / "machine0" / "run" / "metrics.json").read_text())
     d = m0["distributed"]
-    assert d["world_size"] == 4 and d["nodes"] == [0, 0, 1, 1]
-    assert d["steps_per_rank"] == [8, 8, 8, 8]
-    _assert_close(_weights(tmp_path / "one"), _weights(tmp_path / "machine0" / "run"), atol=1e-5)
-    # machine 1 wrote its ranks' files into its own run directory
-    _assert_close(_weights(tmp_path / "one"), _weights(tmp_path / "machine1" / "run" / "rank3"),
-                  atol=1e-5)
+    assert d["world_size"] == 2 and d["nodes"] == [0, 1] and d["nnodes"] == 2
+    assert d["steps_per_rank"] == [8, 8]
+    _assert_close(_weights(one), _weights(tmp_path / "machine0" / "run"), atol=1e-5)
+    # machine 1 wrote its rank's files into its own run directory
+    _assert_close(_weights(one), _weights(tmp_path / "machine1" / "run" / "rank1"), atol=1e-5)
     assert m0["history"][0]["val_acc"] == single["history"][0]["val_acc"]
+    # each rank had a device feature cache (CPU tier); it changed no weight above
+    assert m0["device_cache_rows"] == 24 * 1024 // (16 * 4) and 0 < m0["device_cache_hit_ratio"] < 1
 
 
-def test_torchrun(planted_dataset: Path, tmp_path: Path) -> None:
+def test_torchrun(planted_dataset: Path, tmp_path: Path, single_128: tuple[Path, dict]) -> None:
     """Under torchrun (its environment variables), `ooc train` joins the job as one rank."""
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
             "-m", "ooc.tools.cli", *_base(planted_dataset, tmp_path / "tr", batch_size=64)]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
-    single = _single(planted_dataset, tmp_path / "one", batch_size=128)
     rc, out, err = _finish(p, JOB_TIMEOUT)
     assert rc == 0, err[-3000:]
     m = json.loads((tmp_path / "tr" / "metrics.json").read_text())
     assert m["distributed"]["steps_per_rank"] == [8, 8]
-    _assert_close(_weights(tmp_path / "one"), _weights(tmp_path / "tr"), atol=1e-5)
+    assert m["distributed"]["local_world_size"] == 2
+    _assert_close(_weights(single_128[0]), _weights(tmp_path / "tr"), atol=1e-5)
 
 
 def test_killed_rank_ends_the_job(tmp_path: Path) -> None:

@@ -336,6 +336,8 @@ def _cmd_train_distributed(args: argparse.Namespace, cfg: "TrainConfig", spec: o
     if args.repeat > 1:
         raise ValueError("--repeat is not supported with --devices / --nnodes / torchrun")
     cfg.validate()
+    if cfg.task != "node":
+        raise ValueError("data-parallel training (--devices/--nnodes/torchrun) supports task: node only")
     rc = run_cli(cfg, bool(args.resume), spec if spec != "torchrun" else None)
     metrics = Path(cfg.output_dir) / "metrics.json"
     if rc == 0 and spec != "torchrun" and getattr(spec, "node_rank", 0) == 0 and metrics.exists():
