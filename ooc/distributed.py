@@ -349,7 +349,6 @@ class DistContext:
     group: Any = None
     ctrl: Any = None
     shared_buffer: bool = True
-    _segments: list = field(default_factory=list)
 
     @property
     def is_main(self) -> bool:
@@ -413,6 +412,7 @@ class DistContext:
                                   self.local_world_size)
         seg = None
         if share and self.local_rank == 0:
+            SharedSegment.remove_stale()
             seg = SharedSegment(SharedSegment.new_path(f"buf-n{self.node_rank}"), nbytes, create=True)
             table = SlotTable(seg, capacity, offsets.shape[0] - 1, slot_rows, row_shape, dtype,
                               self.local_world_size)
@@ -438,7 +438,6 @@ class DistContext:
             self.barrier()  # everyone has mapped it (or failed) ...
             if seg is not None and seg.owner:
                 seg.unlink()  # ... so the name can go: nothing is left behind if the job dies
-        self._segments.append(seg)
         log.info("rank %d: shared buffer %s (%s, %.1f MiB)", self.rank, seg.path,
                  "owner" if seg.owner else "follower", nbytes / 2**20)
         return buf

@@ -124,6 +124,24 @@ class SharedSegment:
         """A fresh segment name ``ooc-<tag>-<pid>-<random>`` in :func:`shm_dir`."""
         return shm_dir() / f"ooc-{tag}-{os.getpid()}-{os.urandom(4).hex()}"
 
+    @staticmethod
+    def remove_stale() -> list[Path]:
+        """Unlink segments ``ooc-*-<pid>-*`` whose creating process is dead (a job killed between
+        creating a segment and unlinking it, a window of one barrier); returns what was removed."""
+        gone = []
+        for p in shm_dir().glob("ooc-*-*-*"):
+            try:
+                pid = int(p.name.split("-")[-2])
+            except ValueError:
+                continue
+            if not _pid_alive(pid):
+                try:
+                    p.unlink()
+                    gone.append(p)
+                except OSError:
+                    pass
+        return gone
+
     def view(self, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """An ndarray of ``shape``/``dtype`` over bytes ``[offset, offset + size)`` of the segment."""
         dtype = np.dtype(dtype)

@@ -74,17 +74,22 @@ def _final(ctx, run: Path) -> dict:
 
 def memory(ds: str, out: str) -> None:
     """Train one epoch with every partition resident, without and with the shared buffer; each
-    run's epoch record holds every rank's memory (all-gathered)."""
+    run's epoch record holds every rank's memory (all-gathered).  A first run with a one-partition
+    buffer warms the processes up (one-time allocations of the runtime), so that the memory each
+    measured run gains is its buffer's."""
     ctx = init_from_env()
     try:
+        train(_cfg(ds, Path(out) / "warmup", partitions=4, buffer_partitions=1, batch_size=256,
+                   shared_buffer=False, eval_every=100), dist=ctx)
         for shared in (False, True):
             gc.collect()  # the first run's private buffer is gone before the second is measured
+            start = ctx.host_memory()["host_memory"]
             m = train(_cfg(ds, Path(out) / f"shared{int(shared)}", partitions=4, buffer_partitions=4,
                            batch_size=256, fanouts=[2], shared_buffer=shared, eval_every=100,
                            epochs=1), dist=ctx)
             if ctx.rank == 0:
                 h = m["history"][0]
-                rec = {"host_memory": h["host_memory"], "host_memory_bytes": h["host_memory_bytes"],
+                rec = {"host_memory": h["host_memory"], "start_memory": start, "host_memory_bytes": h["host_memory_bytes"],
                        "buffer_bytes": m["buffer_bytes"], "partition_loads": h["partition_loads"],
                        "losses": m["losses"]}
                 (Path(out) / f"memory{int(shared)}.json").write_text(json.dumps(rec))

@@ -45,6 +45,19 @@ def test_segment_is_unlinked_but_mapped(tmp_path: Path) -> None:
         SharedSegment(seg.path, 8192, create=False)
 
 
+def test_stale_segments_of_dead_processes_are_removed() -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = SharedSegment.new_path("t").with_name(f"ooc-t-{dead.pid}-abcd")
+    stale.write_bytes(b"x")
+    live = SharedSegment(SharedSegment.new_path("t"), 4096, create=True)
+    try:
+        assert stale in SharedSegment.remove_stale()
+        assert not stale.exists() and live.path.exists()   # ours (alive) is kept
+    finally:
+        live.unlink()
+
+
 def test_follower_reads_the_owners_slots(planted_dataset: Path) -> None:
     ds = Dataset(planted_dataset)
     x = ds.features.read_all()
