@@ -509,6 +509,8 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
             if st.step == 0:
                 st.acc = _fresh_acc()
                 buffer.reset_stats()
+            if cache is not None:
+                cache.reset_stats()  # count this epoch's training gathers only
             acc = st.acc
             it = task.batches(plan, epoch, st.step)
             try:

@@ -79,6 +79,16 @@ def test_training_with_cache_is_identical(planted_dataset: Path, tmp_path: Path)
             base["history"][0]["row_misses"]
     e0 = {p: m["history"][0]["device_cache_hit_ratio"] for p, m in runs.items()}
     assert e0["presample"] >= e0["degree"]
+    # each epoch's counters cover exactly its training gathers (not the evaluation before it)
+    cfg = _cfg(planted_dataset, tmp_path / "count")
+    cfg.validate()
+    ds = Dataset(planted_dataset)
+    task = NodeTask(cfg, ds)
+    for epoch in (0, 1):
+        rows = access_counts(task.data.loader, task.plan(epoch).batches, epoch, ds.num_nodes).sum()
+        assert runs["presample"]["history"][epoch]["device_cache_lookups"] == rows
+    task.close()
+    ds.close()
 
 
 def test_presample_counts_are_the_epochs_accesses(planted_dataset: Path, tmp_path: Path) -> None:
