@@ -146,6 +146,22 @@ def test_parse_devices_cpu() -> None:
         parse_devices("gpu7")
 
 
+def test_cli_rejects_impossible_layouts(planted_dataset: Path, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture) -> None:
+    """Layout errors are reported before any process is started."""
+    from ooc.tools.cli import main
+    base = ["train", str(planted_dataset), "--output-dir", str(tmp_path / "r"), "--no-progress"]
+    assert main(base + ["--nnodes", "2", "--node-rank", "0"]) == 2
+    assert "--master-port" in capsys.readouterr().err
+    assert main(base + ["--devices", "2", "--nnodes", "2", "--node-rank", "2",
+                        "--master-port", "1234"]) == 2
+    assert "--node-rank 2" in capsys.readouterr().err
+    assert main(base + ["--devices", "2", "--task", "link"]) == 2
+    assert "task: node only" in capsys.readouterr().err
+    assert main(base + ["--devices", "2", "--repeat", "2"]) == 2
+    assert "--repeat" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------- must hold
 def test_one_process_2B_equals_two_processes_B(planted_dataset: Path, tmp_path: Path,
                                                single_128: tuple[Path, dict]) -> None:

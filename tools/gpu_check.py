@@ -148,7 +148,6 @@ def main(argv: list[str] | None = None) -> int:
         single[name] = m
 
     # NCCL (gloo on CPU) DDP over every device vs one process with the global batch
-    from ooc.config import TrainConfig  # noqa: F401  (resolved config is passed as a dict)
     from ooc.distributed import LaunchSpec, launch, train_worker
     run = work / "ddp"
     cfg = _cfg(ds, run, devices[0], batch_size=args.batch_size, epochs=1,
