@@ -104,6 +104,13 @@ class TrainConfig:
                              choices=("sieve", "clock", "lru", "none"))
     cache_size: str = _opt("", "data", "feature cache size without a budget, e.g. 256MB")
     direct_io: bool = _opt(False, "data", "read features with O_DIRECT (bypass the page cache)")
+    shared_buffer: bool = _opt(True, "data", "data-parallel runs: local ranks share one partition "
+                               "buffer per machine through shared memory (local rank 0 does the I/O)")
+    device_cache: str = _opt("", "data", "per-device hot-feature cache size, e.g. 8GB (empty = none; "
+                             "on CPU a separate tensor tier)")
+    device_cache_policy: str = _opt("degree", "data", "what the device cache holds: degree (highest "
+                                    "out-degree, PaGraph) or presample (most accessed in a pre-sampled "
+                                    "epoch, GNNLab)", choices=("degree", "presample"))
     # sampler
     fanouts: list[int] = _opt([10, 10], "sampler",
                               "neighbours per layer, output layer first; -1 = all")
@@ -301,6 +308,10 @@ class TrainConfig:
             raise ValueError(f"val_frac {self.val_frac} + test_frac {self.test_frac} must be in [0, 1)")
         if self.task == "link" and self.neg_ratio < 1:
             raise ValueError("link prediction needs neg_ratio >= 1")
+        if self.device_cache:
+            from ooc.tools.streaming import parse_bytes
+            if parse_bytes(self.device_cache) < 0:
+                raise ValueError(f"device_cache must be a size >= 0, got {self.device_cache!r}")
         if not self.dataset:
             raise ValueError("no dataset given (positional DATASET, data.dataset in --config, or "
                              "--set data.dataset=PATH)")

@@ -12,7 +12,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -88,6 +88,8 @@ class Batch:
         index: batch index in the epoch; seeds: int64 [B];
         blocks: MFGs, input layer first; x: float32 [num_input, D]; y: int64 [B];
         num_edges: sampled edges; sample_s / gather_s: producer time spent sampling / gathering.
+        x_cache: with a device feature cache, a :class:`~ooc.device_cache.CacheSplit` and ``x``
+            holds only the rows not in the cache (``x_cache.assemble(x, device)`` gives all rows).
     """
 
     index: int
@@ -98,6 +100,7 @@ class Batch:
     num_edges: int
     sample_s: float
     gather_s: float
+    x_cache: Any = None
 
 
 class BatchLoader:
@@ -128,6 +131,7 @@ class BatchLoader:
         self.prefetch = prefetch
         self.feat_norm = feat_norm
         self.stall_s = 0.0
+        self.device_cache: Any = None  # ooc.device_cache.DeviceFeatureCache, attached after build
 
     def features(self, ids: np.ndarray) -> torch.Tensor:
         """float32 [len(ids), D] input features of ``ids`` through the buffer (normalised as
@@ -135,7 +139,15 @@ class BatchLoader:
         return self._features(ids)
 
     def _features(self, ids: np.ndarray) -> torch.Tensor:
-        x = torch.from_numpy(self.buffer.gather(ids)).float()
+        return self.normalise(torch.from_numpy(self.buffer.gather(ids)).float())
+
+    def host_features(self, ids: np.ndarray) -> torch.Tensor:
+        """float32 rows of ``ids`` from the host data path (buffer / disk), never the device cache."""
+        return self._features(ids)
+
+    def normalise(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply ``feat_norm`` to float32 rows [n, D] (row by row, so any subset of rows gives the
+        same values as the whole)."""
         if self.feat_norm == "row":
             s = x.sum(1, keepdim=True)
             x = x / torch.where(s == 0, torch.ones_like(s), s)
@@ -151,10 +163,13 @@ class BatchLoader:
         t1 = time.perf_counter()
         if parts is not None:
             self.buffer.require(parts, upcoming)
-        x = self._features(sg.input_nodes)
+        if self.device_cache is not None:
+            x, x_cache = self.device_cache.split_gather(self, sg.input_nodes)
+        else:
+            x, x_cache = self._features(sg.input_nodes), None
         y = torch.from_numpy(self.labels[sg.seeds].astype(np.int64))
         t2 = time.perf_counter()
-        return Batch(index, sg.seeds, blocks, x, y, sg.num_sampled_edges, t1 - t0, t2 - t1)
+        return Batch(index, sg.seeds, blocks, x, y, sg.num_sampled_edges, t1 - t0, t2 - t1, x_cache)
 
     def iterate(self, plan: EpochPlan, epoch: int, start: int = 0) -> Iterator[Batch]:
         """Yield the plan's batches in order, built ``prefetch`` ahead on a background thread.

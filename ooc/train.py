@@ -47,6 +47,7 @@ from tqdm import tqdm
 from ooc.buffer import PartitionBuffer, contiguous_partitions
 from ooc.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from ooc.config import TrainConfig
+from ooc.device_cache import build_device_cache
 from ooc.loader import Batch, BatchLoader, EpochPlan, plan_epoch
 from ooc.models import GNN, build_model
 from ooc.storage.dataset import Dataset
@@ -123,7 +124,8 @@ class DataPath:
 
 
 def build_data_path(cfg: TrainConfig, ds: Dataset, topology: tuple[np.ndarray, np.ndarray] | None = None,
-                    loader_cls: type[BatchLoader] = BatchLoader, **loader_kw: Any) -> DataPath:
+                    loader_cls: type[BatchLoader] = BatchLoader, make_buffer: Any = None,
+                    **loader_kw: Any) -> DataPath:
     """Build the out-of-core data path of a run (the one place that does).
 
     Args:
@@ -133,6 +135,8 @@ def build_data_path(cfg: TrainConfig, ds: Dataset, topology: tuple[np.ndarray, n
         topology: ``(indptr, indices)`` to sample from instead of the dataset's (link prediction
             passes its training graph).
         loader_cls, loader_kw: loader class and extra keyword arguments (a task's own loader).
+        make_buffer: buffer factory with :class:`PartitionBuffer`'s signature (data-parallel
+            runs pass :meth:`ooc.distributed.DistContext.make_buffer`: one shared buffer per machine).
 
     Raises:
         ValueError: more partitions than nodes, bad buffer capacity.
@@ -150,7 +154,8 @@ def build_data_path(cfg: TrainConfig, ds: Dataset, topology: tuple[np.ndarray, n
         offsets = stored
     else:
         offsets = contiguous_partitions(ds.num_nodes, cfg.partitions)
-    buffer = PartitionBuffer(ds.features, offsets, cfg.buffer_partitions, io_threads=cfg.io_threads)
+    buffer = (make_buffer or PartitionBuffer)(ds.features, offsets, cfg.buffer_partitions,
+                                              io_threads=cfg.io_threads)
     labels = ds.labels if ds.has("labels") else np.zeros(ds.num_nodes, dtype=np.int32)
     loader = loader_cls(indptr, indices, degrees, labels, buffer, cfg.fanouts, cfg.seed,
                         replace=cfg.replace, prefetch=cfg.prefetch, feat_norm=cfg.feat_norm, **loader_kw)
@@ -175,6 +180,9 @@ class Task(Protocol):
 
 
 def _to_device(batch: Batch, device: torch.device) -> tuple[list, torch.Tensor]:
+    if batch.x_cache is not None:  # device feature cache: host misses + cached rows
+        nb = device.type == "cuda"
+        return [b.to(device, non_blocking=nb) for b in batch.blocks], batch.x_cache.assemble(batch.x, device)
     if device.type == "cpu":
         return batch.blocks, batch.x
     nb = device.type == "cuda"
@@ -229,12 +237,19 @@ class NodeTask:
     select = "val_acc"
     test_key = "test_acc"
 
-    def __init__(self, cfg: TrainConfig, ds: Dataset, rss: Any = None) -> None:
-        from ooc import engine
+    def __init__(self, cfg: TrainConfig, ds: Dataset, rss: Any = None, make_buffer: Any = None,
+                 engine: bool = True) -> None:
         self.cfg = cfg
         self.ds = ds
-        # the out-of-core engine: mode exact | buffer | hybrid under the memory budget (issue 5)
-        self.data = engine.build_data_path(cfg, ds, rss)
+        # the out-of-core engine: mode exact | buffer | hybrid under the memory budget (issue 5);
+        # data-parallel runs (make_buffer: the machine's shared partition buffer) and device-cache
+        # runs keep the partition-buffer data path of exact sampling (``engine=False``)
+        self._engine = engine and make_buffer is None
+        if self._engine:
+            from ooc import engine
+            self.data = engine.build_data_path(cfg, ds, rss)
+        else:
+            self.data = build_data_path(cfg, ds, make_buffer=make_buffer)
         labels = ds.labels
         self.multilabel = labels.ndim == 2
         train_ids = ds.split("train")
@@ -249,7 +264,9 @@ class NodeTask:
         self.val_ids, self.test_ids = ds.split("valid"), ds.split("test")
         self.out_dim = int(labels.shape[1]) if self.multilabel else \
             int(ds.num_classes or int(labels.max()) + 1)
-        if self.data.train_ids.shape[0] != train_ids.shape[0]:
+        if not self._engine:
+            self.part_of_train = self.data.buffer.part_of(train_ids)
+        elif self.data.train_ids.shape[0] != train_ids.shape[0]:
             self.data.train_ids = train_ids
             self.data.part_of_train = np.searchsorted(self.data.offsets, train_ids, side="right") - 1
         self.loss_fn: nn.Module = nn.BCEWithLogitsLoss() if self.multilabel else nn.CrossEntropyLoss()
@@ -257,12 +274,19 @@ class NodeTask:
 
     @property
     def steps_per_epoch(self) -> int:
+        if not self._engine:
+            return -(-self.train_ids.shape[0] // self.cfg.batch_size)
         return len(self.data.plan(0).batches)
 
     def plan(self, epoch: int) -> Any:
+        if not self._engine:
+            return plan_epoch(self.train_ids, self.part_of_train, self.data.buffer.num_parts,
+                              self.cfg.batch_size, self.cfg.seed, epoch)
         return self.data.plan(epoch)
 
     def batches(self, plan: Any, epoch: int, start: int) -> Iterator[Batch]:
+        if not self._engine:
+            return self.data.loader.iterate(plan, epoch, start=start)
         return self.data.iterate(plan, epoch, start)
 
     def loss(self, model: GNN, batch: Batch, device: torch.device) -> tuple[torch.Tensor, dict]:
@@ -297,12 +321,30 @@ class NodeTask:
         self.data.close()
 
 
-def make_task(cfg: TrainConfig, ds: Dataset, rss: Any = None) -> Task:
-    """The task object of ``cfg.task`` (``node`` or ``link``); ``rss`` is the engine's RSS monitor."""
+def make_task(cfg: TrainConfig, ds: Dataset, rss: Any = None, dist: Any = None) -> Task:
+    """The task object of ``cfg.task`` (``node`` or ``link``); ``rss`` is the engine's RSS monitor;
+    data-parallel (sharded seeds, shared buffer, distributed evaluation) under ``dist``
+    (:class:`ooc.distributed.DistContext`)."""
+    legacy = dist is not None or bool(cfg.device_cache)
+    if legacy and (cfg.mode != "exact" or cfg.memory_budget or cfg.topology == "disk"):
+        what = "data-parallel training (--devices/--nnodes)" if dist is not None else "--device-cache"
+        raise NotImplementedError(f"{what} runs the exact mode over the partition buffer "
+                                  "(--buffer-partitions); --mode buffer/hybrid, --memory-budget and "
+                                  "--topology disk are single-process without a device cache for now")
+    if dist is not None:
+        if cfg.task != "node":
+            raise NotImplementedError("data-parallel training (--devices/--nnodes) supports "
+                                      "task: node only")
+        dist.shared_buffer = cfg.shared_buffer
+        return dist.wrap_task(NodeTask(cfg, ds, make_buffer=dist.make_buffer))
     if cfg.task == "link":
+        if cfg.mode != "exact" or cfg.memory_budget or cfg.topology == "disk":
+            raise NotImplementedError("link prediction runs the exact mode over the partition buffer; "
+                                      "--mode buffer/hybrid, --memory-budget and --topology disk are "
+                                      "node-classification options for now")
         from ooc.linkpred import LinkTask
         return LinkTask(cfg, ds)
-    return NodeTask(cfg, ds, rss)
+    return NodeTask(cfg, ds, rss, engine=not legacy)
 
 
 def make_model(cfg: TrainConfig, in_dim: int, out_dim: int) -> GNN:
@@ -420,7 +462,8 @@ def _check_resume_config(saved: dict, now: dict) -> None:
 
 
 # ====================================================================== the loop
-def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None = None) -> dict:
+def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None = None,
+          dist: Any = None) -> dict:
     """Train as configured; see the module docstring for the run directory.
 
     Args:
@@ -429,6 +472,8 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
             to an uninterrupted run on CPU.
         stop_after_steps: raise :class:`Interrupted` after this many global steps (and the
             checkpoint due at that step, if any), as if the process were killed; for tests.
+        dist: this rank's :class:`ooc.distributed.DistContext` in a data-parallel job (None: one
+            process).  Rank 0 writes ``RUN``, rank ``r`` writes ``RUN/rank{r}``.
 
     Returns:
         The metrics dictionary (also written to ``metrics.json``): ``test_acc`` / ``val_acc`` (node
@@ -444,7 +489,7 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
     """
     cfg.validate()
     t_start = time.perf_counter()
-    out = Path(cfg.output_dir)
+    out = Path(cfg.output_dir) if dist is None else dist.run_dir(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / "checkpoint.pt"
     ckpt = load_checkpoint(ckpt_path) if resume else None
@@ -454,7 +499,7 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     seed_everything(cfg.seed)
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device) if dist is None else dist.device
     use_amp = cfg.amp and device.type == "cuda"
     if cfg.amp and not use_amp:
         log.warning("--amp ignored on %s (mixed precision is used on CUDA only)", device)
@@ -465,11 +510,13 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
         from ooc.engine import warm_up_runtime
         rss = warm_up_runtime(cfg.model, len(cfg.fanouts))
     ds = Dataset(cfg.dataset)
-    task = make_task(cfg, ds, rss)
+    task = make_task(cfg, ds, rss, dist)
     model = make_model(cfg, ds.feat_dim, task.out_dim)
     if hasattr(task, "prepare_model"):
         task.prepare_model(model)
     model.to(device)
+    net = model if dist is None else dist.wrap_model(model, cfg.seed)  # DDP: trains `model`
+    cache = build_device_cache(cfg, task, device)  # None without --device-cache
     opt = _make_optimizer(cfg, model)
     sched = _make_scheduler(cfg, opt)
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16) \
@@ -495,6 +542,8 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
         _rewrite_jsonl(metrics_path, st.history)
         _rewrite_jsonl(steps_path, [r for r in _read_jsonl(steps_path) if r["step"] < st.global_step])
         log.info("resumed %s at epoch %d, batch %d (step %d)", out, st.epoch, st.step, st.global_step)
+        if dist is not None:
+            dist.check_resume(st.global_step)
     else:
         for p in (metrics_path, steps_path):
             p.write_text("")
@@ -518,11 +567,13 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
             if st.stopped_early:
                 break
             t0 = time.perf_counter()
-            model.train()
+            net.train()
             plan = task.plan(epoch)
             if st.step == 0:
                 st.acc = _fresh_acc()
                 buffer.reset_stats()
+            if cache is not None:
+                cache.reset_stats()  # count this epoch's training gathers only
             acc = st.acc
             it = task.batches(plan, epoch, st.step)
             try:
@@ -535,7 +586,7 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
                     ctx = torch.autocast(device_type=device.type, dtype=amp_dtype) if use_amp \
                         else nullcontext()
                     with ctx:
-                        loss, bstats = task.loss(model, batch, device)
+                        loss, bstats = task.loss(net, batch, device)
                     opt.zero_grad()
                     if scaler is not None:
                         scaler.scale(loss).backward()
@@ -544,7 +595,7 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
                     else:
                         loss.backward()
                         opt.step()
-                    lv = float(loss.detach())
+                    lv = bstats["loss_value"] if "loss_value" in bstats else float(loss.detach())
                     t_done = time.perf_counter()
                     st.losses.append(lv)
                     acc["loss"] += lv * bstats["seen"]
@@ -577,6 +628,9 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
                 if close is not None:
                     close()
             # ---- epoch end: evaluation, record, schedule, early stopping, checkpoint
+            cstats = cache.reset_stats() if cache is not None else {}
+            if hasattr(task, "epoch_end"):  # data-parallel: sums over all ranks
+                acc = task.epoch_end(acc)
             seen = max(acc["seen"], 1)
             tt = max(acc["train_time_s"], 1e-9)
             rec: dict = {"epoch": epoch, "loss": acc["loss"] / seen, "train_acc": task.train_score(acc)
@@ -585,7 +639,7 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
                          "edges_per_s": acc["edges"] / tt, "sampled_edges": acc["edges"],
                          "stall_s": acc["stall_s"], "compute_s": acc["compute_s"],
                          "sample_s": acc["sample_s"], "gather_s": acc["gather_s"],
-                         "lr": opt.param_groups[0]["lr"], "steps": st.global_step}
+                         "lr": opt.param_groups[0]["lr"], "steps": st.global_step, **cstats}
             if (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1:
                 te = time.perf_counter()
                 scores = task.evaluate(model, device)
@@ -609,6 +663,8 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
             rec.update(io.as_dict())
             if hasattr(task.data, "extra_stats"):  # engine: topology bytes, cache, swaps, RSS peak
                 rec.update(task.data.extra_stats(io.bytes_read))
+            if dist is not None:
+                rec.update(dist.host_memory())
             rec["epoch_time_s"] = time.perf_counter() - t0
             for k in ("bytes_read", "row_hits", "row_misses", "cache_hits", "cache_misses", "swaps"):
                 st.totals[k] = st.totals.get(k, 0) + int(rec.get(k, getattr(io, k, 0)))
@@ -669,6 +725,12 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
         "config": cfg.to_dict(),
         "history": history,
     }
+    if cache is not None:
+        hits = sum(h.get("device_cache_hits", 0) for h in history)
+        lookups = sum(h.get("device_cache_lookups", 0) for h in history)
+        metrics.update(cache.describe(), device_cache_hit_ratio=hits / lookups if lookups else 0.0)
+    if dist is not None:
+        metrics["distributed"] = dist.summary(st.global_step)
     if history:
         last = {k: v for k, v in history[-1].items() if k.startswith(("val_", "test_"))}
         best = next((h for h in history if h["epoch"] == st.best_epoch), {})

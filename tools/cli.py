@@ -300,6 +300,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     from ooc.train import train, write_json_atomic
     base = _train_config(args)
+    from ooc.distributed import launch_spec_from_args
+    spec = launch_spec_from_args(args, base)  # --devices / --nnodes / torchrun: data-parallel (issue 7)
+    if spec is not None:
+        return _cmd_train_distributed(args, base, spec)
     if args.repeat <= 1:
         m = train(base, resume=bool(args.resume))
         _print_summary(m)
@@ -337,6 +341,31 @@ def _cmd_train(args: argparse.Namespace) -> int:
             print(f"{k} {100 * summary[k + '_mean']:.2f} +- {100 * summary[k + '_std']:.2f} over "
                   f"{args.repeat} seeds{extra}")
     return 0
+
+
+def _cmd_train_distributed(args: argparse.Namespace, cfg: "TrainConfig", spec: object) -> int:
+    """``ooc train`` with ``--devices`` / ``--nnodes``, or one rank of a torchrun job."""
+    import json
+
+    from ooc.distributed import run_cli
+    if args.repeat > 1:
+        raise ValueError("--repeat is not supported with --devices / --nnodes / torchrun")
+    cfg.validate()
+    if cfg.task != "node":
+        raise ValueError("data-parallel training (--devices/--nnodes/torchrun) supports task: node only")
+    rc = run_cli(cfg, bool(args.resume), spec if spec != "torchrun" else None)
+    metrics = Path(cfg.output_dir) / "metrics.json"
+    if rc == 0 and spec != "torchrun" and getattr(spec, "node_rank", 0) == 0 and metrics.exists():
+        m = json.loads(metrics.read_text())
+        _print_summary(m)
+        d = m.get("distributed", {})
+        print(f"ranks         {d.get('world_size')} ({d.get('backend')}), steps per rank "
+              f"{d.get('steps_per_rank')}")
+        print(f"metrics       {metrics}")
+    elif rc != 0:
+        print("ooc train: error: a rank failed (see its message above); the job was stopped",
+              file=sys.stderr)
+    return rc
 
 
 # ---------------------------------------------------------------- eval / predict
@@ -399,6 +428,20 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=1,
                    help="train N times with seeds seed..seed+N-1 and report mean +- std; {seed} / {i} "
                         "in the dataset path are replaced per run")
+    dp = p.add_argument_group("data-parallel training (README: Several devices and machines)")
+    dp.add_argument("--devices", help="one process per device: N, cuda, or a list such as "
+                    "cuda:0,cuda:1 or cpu,cpu (N CPU processes without CUDA; gloo on CPU, NCCL on CUDA)")
+    dp.add_argument("--nnodes", type=int, default=1, help="machines in the job (default 1)")
+    dp.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0 .. nnodes-1")
+    dp.add_argument("--master-addr", default="127.0.0.1", help="address of machine 0 (rendezvous)")
+    dp.add_argument("--master-port", type=int, default=0,
+                    help="rendezvous port on machine 0 (default: a free port; required with --nnodes)")
+    dp.add_argument("--dist-timeout", type=float, default=60.0,
+                    help="seconds a collective waits for a silent rank before the job fails (default 60)")
+    dp.add_argument("--dist-init-timeout", type=float, default=600.0,
+                    help="seconds to wait for all ranks to join (default 600)")
+    dp.add_argument("--dist-backend", choices=["gloo", "nccl"],
+                    help="process-group backend (default: nccl on CUDA, gloo on CPU)")
     types = typing.get_type_hints(TrainConfig)
     for f in fields(TrainConfig):
         if f.name == "dataset":

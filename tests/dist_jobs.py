@@ -1,0 +1,98 @@
+"""Job bodies for the data-parallel tests: run in every spawned rank by :func:`ooc.distributed.launch`.
+
+Module-level functions so that spawned processes can import them by name (``tests/`` is on the
+parent's ``sys.path``, which spawn hands to the children).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+from pathlib import Path
+
+import torch
+
+from ooc.config import TrainConfig
+from ooc.distributed import init_from_env
+from ooc.train import Interrupted, train
+
+
+def _cfg(ds: str, out: Path, **kw: object) -> TrainConfig:
+    base = dict(dataset=ds, output_dir=str(out), model="sage", fanouts=[2], hidden=8, epochs=1,
+                batch_size=2, eval_batch_size=2, partitions=1, buffer_partitions=1, dropout=0.0,
+                progress=False, seed=5, prefetch=1)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def steps_and_eval(ds_many: str, ds_few: str, out: str) -> None:
+    """4097 seeds with batch 1024 and 10 seeds with batch 2 (also: 3 validation nodes, eval batch 2):
+    each rank writes the all-gathered step counts and the distributed scores; rank 0 adds the
+    single-process score of the same weights."""
+    ctx = init_from_env()
+    res: dict = {"rank": ctx.rank}
+    try:
+        m = train(_cfg(ds_many, Path(out) / "many", batch_size=1024, eval_batch_size=1024), dist=ctx)
+        res["many_steps"] = m["distributed"]["steps_per_rank"]
+        m = train(_cfg(ds_few, Path(out) / "few"), dist=ctx)
+        res["few_steps"] = m["distributed"]["steps_per_rank"]
+        res["few_val"] = m["history"][0]["val_acc"]
+        res["few_test"] = m["history"][0]["test_acc"]
+        # resume under DDP: every rank restarts from its own checkpoint, bit-exact
+        kw = dict(epochs=3, checkpoint_every=1, dropout=0.3)
+        full = train(_cfg(ds_few, Path(out) / "full", **kw), dist=ctx)
+        try:
+            train(_cfg(ds_few, Path(out) / "cut", **kw), dist=ctx, stop_after_steps=3)
+        except Interrupted:
+            pass
+        cut = train(_cfg(ds_few, Path(out) / "cut", **kw), resume=True, dist=ctx)
+        res["resume_losses_equal"] = full["losses"] == cut["losses"]
+        res["resume_weights_equal"] = all(
+            torch.equal(a, b) for a, b in zip(_final(ctx, Path(out) / "full").values(),
+                                               _final(ctx, Path(out) / "cut").values()))
+        if ctx.rank == 0:  # the single-process metric of the very same weights
+            from ooc.storage.dataset import Dataset
+            from ooc.train import NodeTask, evaluate, make_model
+            cfg = _cfg(ds_few, Path(out) / "single")
+            cfg.validate()
+            ds = Dataset(ds_few)
+            task = NodeTask(cfg, ds)
+            model = make_model(cfg, ds.feat_dim, task.out_dim)
+            model.load_state_dict(torch.load(Path(out) / "few" / "model.pt", weights_only=True))
+            res["single_val"] = evaluate(model, task.data.loader, ds.split("valid"), 1, 2)
+            res["single_test"] = evaluate(model, task.data.loader, ds.split("test"), 1, 2)
+            task.close()
+            ds.close()
+    finally:
+        ctx.close()
+    (Path(out) / f"result{res['rank']}.json").write_text(json.dumps(res))
+
+
+def _final(ctx, run: Path) -> dict:
+    return torch.load(ctx.run_dir(run) / "checkpoint.pt", weights_only=True)["model"]
+
+
+def memory(ds: str, out: str) -> None:
+    """Train one epoch with every partition resident, without and with the shared buffer; each
+    run's epoch record holds every rank's memory (all-gathered).  A first run with a one-partition
+    buffer warms the processes up (one-time allocations of the runtime), so that the memory each
+    measured run gains is its buffer's."""
+    ctx = init_from_env()
+    try:
+        train(_cfg(ds, Path(out) / "warmup", partitions=4, buffer_partitions=1, batch_size=256,
+                   shared_buffer=False, eval_every=100), dist=ctx)
+        for shared in (False, True):
+            gc.collect()  # the first run's private buffer is gone before the second is measured
+            start = ctx.host_memory()["host_memory"]
+            m = train(_cfg(ds, Path(out) / f"shared{int(shared)}", partitions=4, buffer_partitions=4,
+                           batch_size=256, fanouts=[2], shared_buffer=shared, eval_every=100,
+                           epochs=1), dist=ctx)
+            if ctx.rank == 0:
+                h = m["history"][0]
+                rec = {"host_memory": h["host_memory"], "start_memory": start, "host_memory_bytes": h["host_memory_bytes"],
+                       "buffer_bytes": m["buffer_bytes"], "partition_loads": h["partition_loads"],
+                       "losses": m["losses"]}
+                (Path(out) / f"memory{int(shared)}.json").write_text(json.dumps(rec))
+    finally:
+        ctx.close()
+
