@@ -57,6 +57,11 @@ class TrainConfig:
     topology: str = "memory"
     eval_every: int = 1
     progress: bool = True
+    sampler: str = "neighbor"
+    layer_size: int = 512
+    num_clusters: int = 32
+    clusters_per_batch: int = 4
+    walk_length: int = 2
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -77,5 +82,13 @@ class TrainConfig:
             raise ValueError(f"feat_norm must be none or row, got {self.feat_norm!r}")
         if self.topology not in ("memory", "mmap"):
             raise ValueError(f"topology must be memory or mmap, got {self.topology!r}")
+        from ooc.samplers import SAMPLERS
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}")
+        for name in ("layer_size", "num_clusters", "clusters_per_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.walk_length < 0:
+            raise ValueError(f"walk_length must be >= 0, got {self.walk_length}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")

@@ -25,8 +25,9 @@ from tqdm import tqdm
 
 from ooc.buffer import PartitionBuffer, contiguous_partitions
 from ooc.config import TrainConfig
-from ooc.loader import BatchLoader, plan_epoch
+from ooc.loader import BatchLoader
 from ooc.models import build_model
+from ooc.samplers import make_sampler
 from ooc.storage.dataset import Dataset
 
 __all__ = ["train", "evaluate", "seed_everything", "peak_rss_bytes", "write_json_atomic"]
@@ -115,8 +116,13 @@ def train(cfg: TrainConfig) -> dict:
     else:
         offsets = contiguous_partitions(n, cfg.partitions)
     buffer = PartitionBuffer(ds.features, offsets, cfg.buffer_partitions, io_threads=cfg.io_threads)
+    sampler = make_sampler(cfg.sampler, indptr, indices, cfg.fanouts, train_ids=train_ids,
+                           replace=cfg.replace, batch_size=cfg.batch_size, layer_size=cfg.layer_size,
+                           num_clusters=cfg.num_clusters, clusters_per_batch=cfg.clusters_per_batch,
+                           walk_length=cfg.walk_length, seed=cfg.seed)
     loader = BatchLoader(indptr, indices, degrees, labels, buffer, cfg.fanouts, cfg.seed,
-                         replace=cfg.replace, prefetch=cfg.prefetch, feat_norm=cfg.feat_norm)
+                         replace=cfg.replace, prefetch=cfg.prefetch, feat_norm=cfg.feat_norm,
+                         sampler=sampler)
     num_classes = ds.num_classes or int(labels.max()) + 1
     model = build_model(cfg.model, ds.feat_dim, cfg.hidden, num_classes, len(cfg.fanouts), cfg.dropout)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -137,14 +143,15 @@ def train(cfg: TrainConfig) -> dict:
     for epoch in range(cfg.epochs):
         t0 = time.perf_counter()
         model.train()
-        plan = plan_epoch(train_ids, part_of_train, cfg.partitions, cfg.batch_size, cfg.seed, epoch)
+        plan = loader.plan_epoch(train_ids, part_of_train, cfg.partitions, cfg.batch_size, cfg.seed,
+                                 epoch)
         loader.stall_s = 0.0
         ep_loss, ep_correct, ep_seen, ep_edges = 0.0, 0, 0, 0
         sample_s = gather_s = 0.0
         for batch in loader.iterate(plan, epoch):
             opt.zero_grad()
             logits = model(batch.blocks, batch.x)
-            loss = loss_fn(logits, batch.y)
+            loss = loss_fn(logits, batch.y) if batch.loss_weight is None else batch.loss(logits)
             loss.backward()
             opt.step()
             lv = float(loss.detach())

@@ -100,7 +100,9 @@ def _train_config(args: argparse.Namespace) -> "TrainConfig":
         partitions=args.partitions, buffer_partitions=args.buffer_partitions,
         io_threads=args.io_threads, prefetch=args.prefetch, replace=args.replace,
         feat_norm=args.feat_norm, topology=args.topology, eval_every=args.eval_every,
-        progress=not args.no_progress)
+        progress=not args.no_progress, sampler=args.sampler, layer_size=args.layer_size,
+        num_clusters=args.num_clusters, clusters_per_batch=args.clusters_per_batch,
+        walk_length=args.walk_length)
 
 
 def _print_summary(m: dict) -> None:
@@ -177,6 +179,17 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-every", type=int, default=1, help="evaluate every N epochs")
     p.add_argument("--output-dir", default="runs/latest", help="run directory (metrics.json, model.pt)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g = p.add_argument_group("sampler (issue 4)")
+    g.add_argument("--sampler", choices=["neighbor", "labor", "ladies", "cluster", "saint"],
+                   default="neighbor",
+                   help="training sampler: node-wise (GraphSAGE), LABOR-0, LADIES, ClusterGCN, "
+                        "GraphSAINT random walks (default: neighbor); evaluation uses all neighbours")
+    g.add_argument("--layer-size", type=int, default=512, help="LADIES nodes per layer (default 512)")
+    g.add_argument("--num-clusters", type=int, default=32, help="ClusterGCN clusters (default 32)")
+    g.add_argument("--clusters-per-batch", type=int, default=4,
+                   help="ClusterGCN clusters per batch (default 4)")
+    g.add_argument("--walk-length", type=int, default=2,
+                   help="GraphSAINT random-walk length; --batch-size roots per batch (default 2)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -219,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--no-progress", action="store_true")
     demo.set_defaults(func=_cmd_demo)
+
+    from ooc.tools.bench import add_bench_parser
+    add_bench_parser(sub)
     return parser
 
 
