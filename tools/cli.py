@@ -233,8 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-progress", action="store_true")
     demo.set_defaults(func=_cmd_demo)
 
-    from ooc.tools.bench import add_bench_parser
-    add_bench_parser(sub)
+    bench = sub.add_parser("bench", help="benchmarks")
+    bsub = bench.add_subparsers(dest="what", metavar="WHAT", required=True)
+    from ooc.tools.bench_sample import add_sample_parser
+    add_sample_parser(bsub)
     return parser
 
 

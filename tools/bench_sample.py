@@ -5,7 +5,9 @@ same graph, seeds and cores:
 
 - ``ooc``: :class:`ooc.samplers.NeighborSampler` (Numba, ``--threads`` threads);
 - ``torch-ref``: :func:`ooc.reference.torch_neighbor_sample` (vectorised pure PyTorch);
-- ``dgl``: DGL's ``dgl.dataloading.NeighborSampler.sample_blocks`` (the CPU sampler + ``to_block``);
+- ``dgl``: DGL's ``dgl.dataloading.NeighborSampler.sample_blocks`` (the CPU sampler + ``to_block``),
+  given the fanouts reversed (DGL lists them input layer first), so every sampler draws ``fanouts[0]``
+  around the seeds and samples the same number of edges;
 - ``pyg``: PyG's ``torch_sparse.neighbor_sample`` (``torch.ops.torch_sparse``).
 
 Peers run in their own Python (``--dgl-python`` / ``--pyg-python``, or the current interpreter when the
@@ -30,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["add_bench_parser", "bench_sample", "load_github_social"]
+__all__ = ["add_sample_parser", "bench_sample", "load_github_social"]
 
 _PEER = textwrap.dedent(r'''
     import glob, importlib.util, json, os, sys, time
@@ -46,7 +48,8 @@ _PEER = textwrap.dedent(r'''
         import dgl
         g = dgl.graph(("csc", (indptr, indices, torch.arange(indices.shape[0]))), num_nodes=n)
         g = g.formats("csc")
-        s = dgl.dataloading.NeighborSampler(fanouts)
+        # DGL lists fanouts input layer first; ooc and PyG list them output layer first
+        s = dgl.dataloading.NeighborSampler(list(reversed(fanouts)))
         version = "dgl " + dgl.__version__
         def run(seeds):
             return sum(b.num_edges() for b in s.sample_blocks(g, seeds)[2])
@@ -241,10 +244,8 @@ def bench_sample(args: argparse.Namespace) -> dict:
     return results
 
 
-def add_bench_parser(sub: argparse._SubParsersAction) -> None:
-    """Register ``ooc bench sample`` on the CLI's subparsers."""
-    b = sub.add_parser("bench", help="benchmarks (sample: sampler throughput beside DGL and PyG)")
-    bsub = b.add_subparsers(dest="bench", metavar="BENCH", required=True)
+def add_sample_parser(bsub: argparse._SubParsersAction) -> None:
+    """Register ``sample`` on the subparsers of ``ooc bench``."""
     s = bsub.add_parser("sample", help="sampled edges/s and batches/s, ooc vs torch reference, DGL, PyG",
                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--graphs", default="github,powerlaw",
@@ -256,7 +257,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--beta", type=float, default=3.0, help="power-law skew (default 3: tail 2.5)")
     s.add_argument("--er-nodes", type=int, default=1_000_000)
     s.add_argument("--er-degree", type=int, default=20)
-    s.add_argument("--fanouts", default="15,10,5")
+    s.add_argument("--fanouts", default="15,10,5", help="output layer first (default 15,10,5)")
     s.add_argument("--batch-size", type=int, default=1024)
     s.add_argument("--batches", type=int, default=20)
     s.add_argument("--repeats", type=int, default=3)
