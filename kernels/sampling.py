@@ -116,7 +116,8 @@ def _relabel_hop(tab: np.ndarray, cap_bits: int, sbits: int, gen: int, nbrs: np.
                 break
     if overflow.sum() > 0:
         return count, True
-    # phase B: number the first occurrences in order (sequential scan)
+    # phase B (sequential scan): number first occurrences in order; a later occurrence of a new node
+    # points at an earlier edge, already numbered in this scan
     for e in range(m):
         p = newslot[e]
         if p >= 0:
@@ -124,11 +125,10 @@ def _relabel_hop(tab: np.ndarray, cap_bits: int, sbits: int, gen: int, nbrs: np.
             nodes[count] = nbrs[e]
             tab[2 * p + 1] = count
             count += 1
-    # phase C: later occurrences of new nodes take their first occurrence's id
-    for e in prange(m):
-        x = local[e]
-        if x < 0:
-            local[e] = local[-x - 1]
+        else:
+            x = local[e]
+            if x < 0:
+                local[e] = local[-x - 1]
     return count, False
 
 
@@ -156,15 +156,14 @@ def _relabel_dense(dmap: np.ndarray, gen: int, nbrs: np.ndarray, m: int, local: 
                 dmap[v] = (g << 32) | ((-(e + 1)) & 0xFFFFFFFF)
                 local[e] = -(e + 1)
     for e in range(m):
-        if local[e] == -(e + 1):
+        x = local[e]
+        if x == -(e + 1):
             v = np.int64(nbrs[e])
             local[e] = count
             nodes[count] = nbrs[e]
             dmap[v] = (g << 32) | count
             count += 1
-    for e in prange(m):
-        x = local[e]
-        if x < 0:
+        elif x < 0:
             local[e] = local[-x - 1]
     return count
 
