@@ -117,6 +117,13 @@ class TrainConfig:
     batch_size: int = _opt(256, "sampler", "seeds (or positive edges) per training batch")
     eval_batch_size: int = _opt(1024, "sampler", "nodes per evaluation / inference batch")
     replace: bool = _opt(False, "sampler", "sample neighbours with replacement")
+    sampler: str = _opt("neighbor", "sampler", "training sampler: node-wise (GraphSAGE), LABOR-0, LADIES, "
+                        "ClusterGCN, GraphSAINT random walks; evaluation uses all neighbours",
+                        choices=("neighbor", "labor", "ladies", "cluster", "saint"))
+    layer_size: int = _opt(512, "sampler", "LADIES: nodes sampled per layer")
+    num_clusters: int = _opt(32, "sampler", "ClusterGCN: clusters (METIS parts of the graph)")
+    clusters_per_batch: int = _opt(4, "sampler", "ClusterGCN: clusters per batch")
+    walk_length: int = _opt(2, "sampler", "GraphSAINT: random-walk length (--batch-size roots per batch)")
     # model
     model: str = _opt("sage", "model", "GNN layer type", key="name",
                       choices=("sage", "gcn", "gat", "gin"))
@@ -289,10 +296,11 @@ class TrainConfig:
                                  f"{getattr(self, f.name)!r}")
         self.fanouts = parse_fanouts(self.fanouts)
         for name in ("batch_size", "eval_batch_size", "epochs", "partitions", "buffer_partitions",
-                     "hidden", "eval_every", "heads", "out_heads", "eval_candidates"):
+                     "hidden", "eval_every", "heads", "out_heads", "eval_candidates", "layer_size",
+                     "num_clusters", "clusters_per_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("patience", "checkpoint_every", "threads", "neg_ratio", "lr_step"):
+        for name in ("patience", "checkpoint_every", "threads", "neg_ratio", "lr_step", "walk_length"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.buffer_partitions > self.partitions:

@@ -22,7 +22,7 @@ from ooc.kernels.rng import batch_key
 from ooc.kernels.sampling import sample_blocks
 from ooc.models import TorchBlock, to_torch_blocks
 
-__all__ = ["Batch", "EpochPlan", "plan_epoch", "BatchLoader"]
+__all__ = ["Batch", "EpochPlan", "plan_epoch", "plan_from_batches", "BatchLoader"]
 
 
 @dataclass
@@ -66,18 +66,27 @@ def plan_epoch(seeds: np.ndarray, part_of: np.ndarray, num_parts: int, batch_siz
     p = part_of[perm]
     o = np.argsort(rank[p], kind="stable")
     s, p = s[o], p[o]
-    batches, batch_parts, schedule, batch_pos = [], [], [], []
-    for i in range(0, s.shape[0], batch_size):
-        bs, bp = s[i:i + batch_size], p[i:i + batch_size]
+    return plan_from_batches([s[i:i + batch_size] for i in range(0, s.shape[0], batch_size)],
+                             [p[i:i + batch_size] for i in range(0, s.shape[0], batch_size)])
+
+
+def plan_from_batches(batches: list[np.ndarray], parts_of: list[np.ndarray]) -> EpochPlan:
+    """An :class:`EpochPlan` for given seed batches (``parts_of[i]``: partition of each seed of batch i).
+
+    Used by :func:`plan_epoch` and for samplers with their own batches (ClusterGCN, GraphSAINT).
+    """
+    batch_parts, schedule, batch_pos = [], [], []
+    out = []
+    for bs, bp in zip(batches, parts_of):
         parts, counts = np.unique(bp, return_counts=True)
         ranked = [int(x) for x in parts[np.argsort(-counts, kind="stable")]]
         for q in [int(x) for x in dict.fromkeys(bp.tolist())]:
             if not schedule or schedule[-1] != q:
                 schedule.append(q)
-        batches.append(bs)
+        out.append(bs)
         batch_parts.append(ranked)
         batch_pos.append(len(schedule))
-    return EpochPlan(batches, batch_parts, schedule, batch_pos)
+    return EpochPlan(out, batch_parts, schedule, batch_pos)
 
 
 @dataclass
@@ -90,6 +99,8 @@ class Batch:
         num_edges: sampled edges; sample_s / gather_s: producer time spent sampling / gathering.
         x_cache: with a device feature cache, a :class:`~ooc.device_cache.CacheSplit` and ``x``
             holds only the rows not in the cache (``x_cache.assemble(x, device)`` gives all rows).
+        loss_weight: optional float32 [B] per-seed loss weights (GraphSAINT normalisation; the loss
+            is then ``sum(weight * per-seed loss)``); ``None`` = mean loss.
     """
 
     index: int
@@ -101,6 +112,14 @@ class Batch:
     sample_s: float
     gather_s: float
     x_cache: Any = None
+    loss_weight: torch.Tensor | None = None
+
+    def loss(self, logits: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of ``logits`` [B, C] against ``y``: the mean, or the weighted sum."""
+        if self.loss_weight is None:
+            return torch.nn.functional.cross_entropy(logits, self.y)
+        per = torch.nn.functional.cross_entropy(logits, self.y, reduction="none")
+        return (per * self.loss_weight).sum()
 
 
 class BatchLoader:
@@ -115,11 +134,14 @@ class BatchLoader:
         seed: run seed; replace: sample with replacement.
         prefetch: batches built ahead (0 = build synchronously in the caller's thread).
         feat_norm: ``row`` divides each feature row by its sum (Kipf & Welling's preprocessing).
+        sampler: a :class:`ooc.samplers.Sampler` for training batches (default: node-wise uniform
+            with ``fanouts``); evaluation batches (explicit ``fanouts``) always use all neighbours.
     """
 
     def __init__(self, indptr: np.ndarray, indices: np.ndarray, degrees: np.ndarray,
                  labels: np.ndarray, buffer: PartitionBuffer, fanouts: list[int], seed: int,
-                 replace: bool = False, prefetch: int = 2, feat_norm: str = "none") -> None:
+                 replace: bool = False, prefetch: int = 2, feat_norm: str = "none",
+                 sampler: object | None = None) -> None:
         self.indptr = indptr
         self.indices = indices
         self.degrees = degrees
@@ -130,6 +152,7 @@ class BatchLoader:
         self.replace = replace
         self.prefetch = prefetch
         self.feat_norm = feat_norm
+        self.sampler = sampler
         self.stall_s = 0.0
         self.device_cache: Any = None  # ooc.device_cache.DeviceFeatureCache, attached after build
 
@@ -137,6 +160,15 @@ class BatchLoader:
         """float32 [len(ids), D] input features of ``ids`` through the buffer (normalised as
         configured); used by layer-wise inference."""
         return self._features(ids)
+
+    def plan_epoch(self, seeds: np.ndarray, part_of: np.ndarray, num_parts: int, batch_size: int,
+                   seed: int, epoch: int) -> EpochPlan:
+        """The epoch's plan: the sampler's own batches (subgraph samplers) or :func:`plan_epoch`."""
+        own = None if self.sampler is None else self.sampler.plan_batches(seeds, batch_size, seed,
+                                                                          epoch)
+        if own is None:
+            return plan_epoch(seeds, part_of, num_parts, batch_size, seed, epoch)
+        return plan_from_batches(own, [self.buffer.part_of(b) for b in own])
 
     def _features(self, ids: np.ndarray) -> torch.Tensor:
         return self.normalise(torch.from_numpy(self.buffer.gather(ids)).float())
@@ -157,8 +189,12 @@ class BatchLoader:
                    parts: list[int] | None = None, upcoming: list[int] | None = None) -> Batch:
         """Sample and gather one batch (in the calling thread)."""
         t0 = time.perf_counter()
-        sg = sample_blocks(self.indptr, self.indices, seeds, fanouts or self.fanouts,
-                           batch_key(self.seed, epoch, index), self.replace)
+        key = batch_key(self.seed, epoch, index)
+        if fanouts is None and self.sampler is not None:
+            sg = self.sampler.sample(seeds, key)
+        else:
+            sg = sample_blocks(self.indptr, self.indices, seeds, fanouts or self.fanouts, key,
+                               self.replace)
         blocks = to_torch_blocks(sg, self.degrees)
         t1 = time.perf_counter()
         if parts is not None:
@@ -169,7 +205,8 @@ class BatchLoader:
             x, x_cache = self._features(sg.input_nodes), None
         y = torch.from_numpy(self.labels[sg.seeds].astype(np.int64))
         t2 = time.perf_counter()
-        return Batch(index, sg.seeds, blocks, x, y, sg.num_sampled_edges, t1 - t0, t2 - t1, x_cache)
+        lw = None if sg.node_weight is None else torch.from_numpy(sg.node_weight.astype(np.float32))
+        return Batch(index, sg.seeds, blocks, x, y, sg.num_sampled_edges, t1 - t0, t2 - t1, x_cache, lw)
 
     def iterate(self, plan: EpochPlan, epoch: int, start: int = 0) -> Iterator[Batch]:
         """Yield the plan's batches in order, built ``prefetch`` ahead on a background thread.

@@ -43,6 +43,9 @@ class TorchBlock:
         deg_src: float32 [num_src] in-degree of each source node in the full graph.
         deg_dst: float32 [num_dst] in-degree of each destination node in the full graph.
         sampled: float32 [num_dst] number of sampled in-edges of each destination node.
+        edge_weight: optional float32 [E] importance weight of every edge (see
+            :class:`ooc.kernels.sampling.Block`): ``sum_e w_e f(src)`` estimates the full
+            neighbourhood sum.  ``None`` = ``deg_dst / sampled`` per destination (uniform sampling).
     """
 
     num_src: int
@@ -52,6 +55,7 @@ class TorchBlock:
     deg_src: Tensor
     deg_dst: Tensor
     sampled: Tensor
+    edge_weight: Tensor | None = None
 
     @staticmethod
     def from_edges(num_src: int, num_dst: int, src: list[int] | Tensor, dst: list[int] | Tensor,
@@ -91,9 +95,11 @@ def to_torch_blocks(sg: SampledSubgraph, degrees: np.ndarray) -> list[TorchBlock
 def _block_tensors(b: Block, deg_nodes: Tensor) -> TorchBlock:
     counts = np.diff(b.indptr)
     dst = np.repeat(np.arange(b.num_dst, dtype=np.int64), counts)
-    return TorchBlock(b.num_src, b.num_dst, torch.from_numpy(b.indices), torch.from_numpy(dst),
-                      deg_nodes[: b.num_src], deg_nodes[: b.num_dst],
-                      torch.from_numpy(counts.astype(np.float32)))
+    w = getattr(b, "edge_weight", None)
+    return TorchBlock(b.num_src, b.num_dst, torch.from_numpy(b.indices.astype(np.int64, copy=False)),
+                      torch.from_numpy(dst), deg_nodes[: b.num_src], deg_nodes[: b.num_dst],
+                      torch.from_numpy(counts.astype(np.float32)),
+                      None if w is None else torch.from_numpy(np.asarray(w, dtype=np.float32)))
 
 
 def _aggregate_sum(block: TorchBlock, msg: Tensor) -> Tensor:
@@ -204,6 +210,12 @@ class SAGEConv(nn.Module):
         x_dst = x[: block.num_dst]
         if self.aggregator == "max":
             agg = aggregate(block, torch.relu(self.pool(x)), "max")
+        elif block.edge_weight is not None:
+            # importance-weighted sum estimates the full neighbourhood sum; mean = sum / in-degree
+            w = block.edge_weight.unsqueeze(1).to(x.dtype)
+            agg = _aggregate_sum(block, x.index_select(0, block.src) * w)
+            if self.aggregator == "mean":
+                agg = agg / block.deg_dst.clamp(min=1).unsqueeze(1).to(x.dtype)
         elif self.aggregator == "sum":
             agg = aggregate(block, x, "sum") * _sum_scale(block).to(x.dtype)
         else:
@@ -244,9 +256,11 @@ class GCNConv(nn.Module):
             loop = 1.0 if self.self_loops else 0.0
             d_src = (block.deg_src + loop).clamp(min=1)
             d_dst = (block.deg_dst + loop).clamp(min=1)
-            scale = block.deg_dst / block.sampled.clamp(min=1)
-            w = (d_src.index_select(0, block.src) * d_dst.index_select(0, block.dst)).rsqrt() \
-                * scale.index_select(0, block.dst)
+            if block.edge_weight is None:
+                scale = (block.deg_dst / block.sampled.clamp(min=1)).index_select(0, block.dst)
+            else:  # importance-sampled edges (LADIES, LABOR, GraphSAINT) carry their own weight
+                scale = block.edge_weight
+            w = (d_src.index_select(0, block.src) * d_dst.index_select(0, block.dst)).rsqrt() * scale
             msg = msg * w.unsqueeze(1).to(msg.dtype)
         out = _aggregate_sum(block, msg)
         if self.self_loops:

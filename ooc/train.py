@@ -242,12 +242,13 @@ class NodeTask:
         self.cfg = cfg
         self.ds = ds
         # the out-of-core engine: mode exact | buffer | hybrid under the memory budget (issue 5);
-        # data-parallel runs (make_buffer: the machine's shared partition buffer) and device-cache
-        # runs keep the partition-buffer data path of exact sampling (``engine=False``)
+        # data-parallel runs (make_buffer: the machine's shared partition buffer), device-cache runs
+        # and the non-default samplers (--sampler) keep the partition-buffer data path of exact
+        # sampling (``engine=False``)
         self._engine = engine and make_buffer is None
         if self._engine:
-            from ooc import engine
-            self.data = engine.build_data_path(cfg, ds, rss)
+            from ooc import engine as _engine
+            self.data = _engine.build_data_path(cfg, ds, rss)
         else:
             self.data = build_data_path(cfg, ds, make_buffer=make_buffer)
         labels = ds.labels
@@ -266,6 +267,14 @@ class NodeTask:
             int(ds.num_classes or int(labels.max()) + 1)
         if not self._engine:
             self.part_of_train = self.data.buffer.part_of(train_ids)
+            if cfg.sampler != "neighbor":  # issue 4 samplers (training batches only)
+                from ooc.samplers import make_sampler
+                d = self.data
+                d.loader.sampler = make_sampler(
+                    cfg.sampler, d.indptr, d.indices, cfg.fanouts, train_ids=train_ids,
+                    replace=cfg.replace, batch_size=cfg.batch_size, layer_size=cfg.layer_size,
+                    num_clusters=cfg.num_clusters, clusters_per_batch=cfg.clusters_per_batch,
+                    walk_length=cfg.walk_length, seed=cfg.seed)
         elif self.data.train_ids.shape[0] != train_ids.shape[0]:
             self.data.train_ids = train_ids
             self.data.part_of_train = np.searchsorted(self.data.offsets, train_ids, side="right") - 1
@@ -275,13 +284,16 @@ class NodeTask:
     @property
     def steps_per_epoch(self) -> int:
         if not self._engine:
+            if self.data.loader.sampler is not None:  # ClusterGCN / GraphSAINT: their own batches
+                return len(self.plan(0).batches)
             return -(-self.train_ids.shape[0] // self.cfg.batch_size)
         return len(self.data.plan(0).batches)
 
     def plan(self, epoch: int) -> Any:
         if not self._engine:
-            return plan_epoch(self.train_ids, self.part_of_train, self.data.buffer.num_parts,
-                              self.cfg.batch_size, self.cfg.seed, epoch)
+            return self.data.loader.plan_epoch(self.train_ids, self.part_of_train,
+                                               self.data.buffer.num_parts, self.cfg.batch_size,
+                                               self.cfg.seed, epoch)
         return self.data.plan(epoch)
 
     def batches(self, plan: Any, epoch: int, start: int) -> Iterator[Batch]:
@@ -295,7 +307,11 @@ class NodeTask:
         y = batch.y.to(device)
         if self.multilabel:
             y = y.float()
-        loss = self.loss_fn(logits, y)
+        lw = getattr(batch, "loss_weight", None)
+        if lw is None or self.multilabel:
+            loss = self.loss_fn(logits, y)
+        else:  # GraphSAINT normalisation: sum of per-seed losses weighted by 1 / (seed probability)
+            loss = (nn.functional.cross_entropy(logits, y, reduction="none") * lw.to(device)).sum()
         c, t, tp, err = _scores(logits.detach().cpu(), batch.y, self.multilabel)
         return loss, {"seen": int(batch.y.shape[0]), "correct": c, "tp": tp, "err": err,
                       "edges": batch.num_edges, "sample_s": batch.sample_s,
@@ -325,12 +341,14 @@ def make_task(cfg: TrainConfig, ds: Dataset, rss: Any = None, dist: Any = None) 
     """The task object of ``cfg.task`` (``node`` or ``link``); ``rss`` is the engine's RSS monitor;
     data-parallel (sharded seeds, shared buffer, distributed evaluation) under ``dist``
     (:class:`ooc.distributed.DistContext`)."""
-    legacy = dist is not None or bool(cfg.device_cache)
+    legacy = dist is not None or bool(cfg.device_cache) or cfg.sampler != "neighbor"
     if legacy and (cfg.mode != "exact" or cfg.memory_budget or cfg.topology == "disk"):
-        what = "data-parallel training (--devices/--nnodes)" if dist is not None else "--device-cache"
+        what = ("data-parallel training (--devices/--nnodes)" if dist is not None else
+                "--device-cache" if cfg.device_cache else f"--sampler {cfg.sampler}")
         raise NotImplementedError(f"{what} runs the exact mode over the partition buffer "
                                   "(--buffer-partitions); --mode buffer/hybrid, --memory-budget and "
-                                  "--topology disk are single-process without a device cache for now")
+                                  "--topology disk need the default node-wise sampler, one process "
+                                  "and no device cache for now")
     if dist is not None:
         if cfg.task != "node":
             raise NotImplementedError("data-parallel training (--devices/--nnodes) supports "

@@ -19,7 +19,7 @@ from ooc.tools.cli import main
 from ooc.train import Interrupted, train
 
 TIMING = ("time", "_s", "per_s", "io_wait", "load_s", "bytes_read", "partition_loads", "row_hits",
-          "row_misses", "buffer_hit_ratio")
+          "row_misses", "buffer_hit_ratio", "bandwidth", "rss", "swaps", "cache_", "bytes")
 
 
 def _cfg(ds: Path, out: Path, **kw: object) -> TrainConfig:

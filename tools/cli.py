@@ -568,6 +568,8 @@ def build_parser() -> argparse.ArgumentParser:
     bc.set_defaults(func=_cmd_bench_convert)
     from ooc.tools.bench_ooc import add_bench_ooc
     add_bench_ooc(bsub)
+    from ooc.tools.bench_sample import add_sample_parser
+    add_sample_parser(bsub)
 
     info = sub.add_parser("info", help="print counts, dtypes, sizes on disk, partitions")
     info.add_argument("dataset")
