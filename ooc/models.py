@@ -78,9 +78,11 @@ class TorchBlock:
         """A copy with every tensor on ``device`` (the same object if already there)."""
         if self.src.device == torch.device(device):
             return self
+        w = self.edge_weight
         return TorchBlock(self.num_src, self.num_dst,
                           *(t.to(device, non_blocking=non_blocking) for t in
-                            (self.src, self.dst, self.deg_src, self.deg_dst, self.sampled)))
+                            (self.src, self.dst, self.deg_src, self.deg_dst, self.sampled)),
+                          None if w is None else w.to(device, non_blocking=non_blocking))
 
 
 def to_torch_blocks(sg: SampledSubgraph, degrees: np.ndarray) -> list[TorchBlock]:

@@ -238,14 +238,14 @@ class NodeTask:
     test_key = "test_acc"
 
     def __init__(self, cfg: TrainConfig, ds: Dataset, rss: Any = None, make_buffer: Any = None,
-                 engine: bool = True) -> None:
+                 engine: bool | None = None) -> None:
         self.cfg = cfg
         self.ds = ds
         # the out-of-core engine: mode exact | buffer | hybrid under the memory budget (issue 5);
         # data-parallel runs (make_buffer: the machine's shared partition buffer), device-cache runs
         # and the non-default samplers (--sampler) keep the partition-buffer data path of exact
         # sampling (``engine=False``)
-        self._engine = engine and make_buffer is None
+        self._engine = (uses_engine(cfg) if engine is None else engine) and make_buffer is None
         if self._engine:
             from ooc import engine as _engine
             self.data = _engine.build_data_path(cfg, ds, rss)
@@ -337,12 +337,25 @@ class NodeTask:
         self.data.close()
 
 
+def uses_engine(cfg: TrainConfig) -> bool:
+    """Whether ``cfg`` asks for the out-of-core engine (``ooc.engine``): ``--mode buffer|hybrid``,
+    ``--memory-budget``, ``--cache-size``, ``--direct-io`` or ``--topology disk``.
+
+    Without them a run takes the partition-buffer path (``ooc.buffer`` + ``ooc.loader``): exact
+    sampling, batches grouped by partition, rows outside the resident partitions read from disk.
+    Both are exact; they order seeds into batches differently, so their losses differ.
+    """
+    return bool(cfg.mode != "exact" or cfg.memory_budget or cfg.cache_size or cfg.direct_io
+                or cfg.topology == "disk")
+
+
 def make_task(cfg: TrainConfig, ds: Dataset, rss: Any = None, dist: Any = None) -> Task:
     """The task object of ``cfg.task`` (``node`` or ``link``); ``rss`` is the engine's RSS monitor;
     data-parallel (sharded seeds, shared buffer, distributed evaluation) under ``dist``
     (:class:`ooc.distributed.DistContext`)."""
-    legacy = dist is not None or bool(cfg.device_cache) or cfg.sampler != "neighbor"
-    if legacy and (cfg.mode != "exact" or cfg.memory_budget or cfg.topology == "disk"):
+    engine_opts = uses_engine(cfg)
+    legacy = dist is not None or bool(cfg.device_cache) or cfg.sampler != "neighbor" or not engine_opts
+    if legacy and engine_opts:
         what = ("data-parallel training (--devices/--nnodes)" if dist is not None else
                 "--device-cache" if cfg.device_cache else f"--sampler {cfg.sampler}")
         raise NotImplementedError(f"{what} runs the exact mode over the partition buffer "
@@ -516,6 +529,12 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
     cfg.save(out)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    rss = None
+    if cfg.task == "node" and dist is None and uses_engine(cfg):
+        # RSS baseline of the runtime, before any data (the budget excludes it); before seeding,
+        # so the warm-up step does not move the random streams of the run
+        from ooc.engine import warm_up_runtime
+        rss = warm_up_runtime(cfg.model, len(cfg.fanouts))
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device) if dist is None else dist.device
     use_amp = cfg.amp and device.type == "cuda"
@@ -523,10 +542,6 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
         log.warning("--amp ignored on %s (mixed precision is used on CUDA only)", device)
     amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
 
-    rss = None
-    if cfg.task == "node":  # RSS baseline of the runtime, before any data (the budget excludes it)
-        from ooc.engine import warm_up_runtime
-        rss = warm_up_runtime(cfg.model, len(cfg.fanouts))
     ds = Dataset(cfg.dataset)
     task = make_task(cfg, ds, rss, dist)
     model = make_model(cfg, ds.feat_dim, task.out_dim)
