@@ -190,7 +190,11 @@ def bench_sample(args: argparse.Namespace) -> dict:
     results = {"command": " ".join(["ooc"] + sys.argv[1:]), "date": time.strftime("%Y-%m-%d %H:%M"),
                "machine": f"{platform.machine()} {os.cpu_count()} cpus, {platform.platform()}",
                "threads": args.threads, "fanouts": fanouts, "batch_size": args.batch_size,
-               "batches": args.batches, "repeats": args.repeats, "graphs": []}
+               "batches": args.batches, "repeats": args.repeats,
+               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""), "graphs": []}
+    # every sampler, peers included (they inherit this environment), runs under the same policy
+    print(f"OMP_WAIT_POLICY={results['omp_wait_policy'] or '(unset)'} for ooc and every peer; "
+          f"{args.threads} threads", flush=True)
     for name in args.graphs.split(","):
         t0 = time.perf_counter()
         indptr, indices, desc = _graph(name, args)
