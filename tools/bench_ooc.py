@@ -164,9 +164,12 @@ def _row(name: str, m: dict, base_epoch: float | None) -> dict:
             "stall_s_per_epoch": float(np.mean([x["stall_s"] for x in h])),
             "peak_rss_over_baseline": m["peak_rss_bytes"] - m["rss_baseline_bytes"],
             "rss_baseline": m["rss_baseline_bytes"], "budget": m["budget"]["budget"],
-            "test_acc": m["test_acc"], "final_test_acc": m["final_test_acc"],
+            "test_acc": m["test_acc"],
+            "final_test_acc": m.get("final", {}).get("test_acc", m.get("final_test_acc")),
             "resident_partitions": m["budget"]["slots"], "num_parts": m["budget"]["num_parts"],
-            "hybrid_mix": m.get("hybrid_mix", 0.0),
+            # the mix only matters when not every partition is resident (else: exact's plan)
+            "hybrid_mix": m.get("hybrid_mix", 0.0)
+            if m["budget"]["state_slots"] < m["budget"]["num_parts"] else 0.0,
             "command": m["command"]}
 
 
@@ -244,11 +247,13 @@ def run_bench_ooc(workdir: Path, nodes: int, feat_dim: int, parts: int, budget: 
     runs["resident"] = _train(ds_path, workdir / "run-resident",
                               common + ["--mode", "hybrid", "--memory-budget", str(64 << 30)])
     base = float(runs["resident"]["history"][-1]["train_time_s"])
-    for mode in modes:
-        runs[mode] = _train(ds_path, workdir / f"run-{mode}",
+    for spec in modes:  # MODE, or hybrid:MIX for a hybrid run with another --hybrid-mix
+        mode, _, mix = spec.partition(":")
+        name = mode if not mix else f"{mode} (mix {mix})"
+        runs[name] = _train(ds_path, workdir / f"run-{spec.replace(':', '-')}",
                             common + ["--mode", mode, "--memory-budget", str(budget)]
                             + (["--topology", "disk"] if mode == "buffer" else [])
-                            + (["--hybrid-mix", str(hybrid_mix)] if mode == "hybrid" else []))
+                            + (["--hybrid-mix", mix or str(hybrid_mix)] if mode == "hybrid" else []))
     res["rows"] = [_row(k, m, base) for k, m in runs.items()]
     (workdir / "bench_ooc.json").write_text(json.dumps(res, indent=2))
     if not keep:
@@ -322,7 +327,9 @@ def _print_synthetic(res: dict) -> None:
           "| swaps (lower bound) | stall (s) | peak RSS - baseline (GB) | test acc |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in res["rows"]:
-        print(f"| {r['run']} | {r['resident_partitions']}/{r['num_parts']} | {r['epoch_train_s']:.1f} | "
+        name = r["run"] + (f" (mix {r['hybrid_mix']})" if r.get("hybrid_mix") and "mix" not in r["run"]
+                           else "")
+        print(f"| {name} | {r['resident_partitions']}/{r['num_parts']} | {r['epoch_train_s']:.1f} | "
               f"{r['ratio_to_resident']:.2f}x | {r['bytes_read_per_epoch'] / gb:.2f} | "
               f"{r['buffer_hit_ratio']:.3f} | {r['cache_hit_ratio']:.3f} | {r['swaps_per_epoch']:.0f} "
               f"({r['swaps_lower_bound']}) | {r['stall_s_per_epoch']:.1f} | "
@@ -360,7 +367,8 @@ def add_bench_ooc(bsub: argparse._SubParsersAction) -> None:
                    help="METIS partitions: many small ones, grouped at random into buffer states")
     p.add_argument("--budget", default="", help="default: dataset bytes / 3")
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--modes", default="hybrid,buffer,exact")
+    p.add_argument("--modes", default="hybrid,buffer,exact",
+                   help="comma-separated; hybrid:MIX adds a hybrid run with --hybrid-mix MIX")
     p.add_argument("--keep", action="store_true", help="keep the generated dataset")
     p.add_argument("--reuse", action="store_true",
                    help="reuse WORKDIR/planted when it matches --nodes/--feat-dim/--parts (implies --keep)")
