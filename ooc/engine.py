@@ -537,9 +537,9 @@ def plan_states(train_ids: np.ndarray, part_of: np.ndarray, num_parts: int, stat
     States come from the ordering policy (beginning from ``start``, the partitions resident when
     the epoch begins); every training node is assigned to one state holding its partition
     (uniformly among those); the seeds of a state are shuffled together, so every batch mixes
-    seeds of all the state's partitions.  A state's last, partial batch is topped up with seeds of
-    the next state whose partitions are in both states (the top-up seeds move to the earlier
-    state), so nearly every batch has ``batch_size`` seeds.
+    seeds of all the state's partitions.  Seeds wait in a pool while their partition stays
+    resident in the next state, so batches are full (``batch_size``) except where the seeds of a
+    leaving partition do not fill one.
 
     Args:
         train_ids: int64 [T] training node ids; part_of: int64 [T] their partitions.
@@ -582,28 +582,47 @@ def plan_states(train_ids: np.ndarray, part_of: np.ndarray, num_parts: int, stat
         if sel.size:
             h = np.asarray(holders[p], dtype=np.int64)
             choice[sel] = h[rng.integers(0, h.shape[0], sel.shape[0])]
-    # per state, its seeds shuffled; a partial last batch is topped up from the next state
-    per_state = []
-    for k in range(len(states)):
-        s = np.flatnonzero(choice == k)
-        per_state.append(s[rng.permutation(s.shape[0])])
+    # batches drawn from a pool of pending seeds, all of resident partitions: at state k the pool
+    # gets the seeds assigned to k; seeds whose partition leaves with the next state train now (a
+    # batch they do not fill is topped up with seeds assigned to later states whose partitions are
+    # resident now), the others wait while the pool holds less than a batch
     bound = max(1, batch_size - int(round(mix * batch_size)))  # state seeds per batch
-    for k in range(len(states) - 1):
-        r = per_state[k].shape[0] % bound
-        if r == 0:
+    cuts: list[np.ndarray] = []
+    batch_state: list[int] = []
+    used = free.copy()
+    pool = np.empty(0, dtype=np.int64)
+    member = np.zeros(num_parts, dtype=np.bool_)
+    for k in range(len(states)):
+        new = np.flatnonzero((choice == k) & ~used)
+        used[new] = True
+        pool = np.concatenate([pool, new])
+        if k + 1 < len(states):
+            member[:] = False
+            member[states[k + 1]] = True
+            expiring = ~member[part_of[pool]]
+        else:
+            expiring = np.ones(pool.shape[0], dtype=np.bool_)
+        n_exp = int(expiring.sum())
+        m = max(-(-n_exp // bound), pool.shape[0] // bound)
+        if m == 0:
             continue
-        nxt = per_state[k + 1]
-        shared = np.isin(part_of[nxt], states[k])
-        take = np.flatnonzero(shared)[:bound - r]
-        if take.size:
-            per_state[k] = np.concatenate([per_state[k], nxt[take]])
-            keep = np.ones(nxt.shape[0], dtype=np.bool_)
-            keep[take] = False
-            per_state[k + 1] = nxt[keep]
-    cuts, batch_state = [], []
-    for k, s in enumerate(per_state):
-        for i in range(0, s.shape[0], bound):
-            cuts.append(s[i:i + bound])
+        others = np.flatnonzero(~expiring)
+        extra = others[rng.permutation(others.shape[0])[:max(m * bound - n_exp, 0)]]
+        go = pool[np.concatenate([np.flatnonzero(expiring), extra])]
+        left = np.ones(pool.shape[0], dtype=np.bool_)
+        left[np.concatenate([np.flatnonzero(expiring), extra])] = False
+        pool = pool[left]
+        short = m * bound - go.shape[0]
+        if short > 0:  # top up from seeds assigned to later states, partitions resident now
+            member[:] = False
+            member[states[k]] = True
+            cand = np.flatnonzero(~used & member[part_of])
+            top = cand[rng.permutation(cand.shape[0])[:short]]
+            used[top] = True
+            go = np.concatenate([go, top])
+        go = go[rng.permutation(go.shape[0])]
+        for i in range(0, go.shape[0], bound):
+            cuts.append(go[i:i + bound])
             batch_state.append(k)
     if not cuts:  # every seed free (tiny training sets)
         cuts, batch_state = [np.empty(0, dtype=np.int64)], [0]
