@@ -210,7 +210,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
         state = max(slots, 1)
     elif ordering == "comet":
         group = max(1, slots // 3)
-        state = slots - group
+        # whole logical partitions per state (comet_states rounds down); the rest prefetch
+        state = max(group, (slots - group) // group * group)
     else:
         state = slots - 1
     return BudgetPlan(budget, int(topo), int(nodes), int(stage), int(slot), int(slots), int(state),
