@@ -631,6 +631,8 @@ def plan_states(train_ids: np.ndarray, part_of: np.ndarray, num_parts: int, stat
     if fr.size:  # free seeds fill every batch up to batch_size (quotas by room, largest remainder)
         fr = fr[rng.permutation(fr.shape[0])]
         room = np.array([max(batch_size - c.shape[0], 0) for c in cuts], dtype=np.float64)
+        if room.sum() <= 0:  # every batch full (a tiny mix): spread over all, a seed or so over
+            room[:] = 1.0
         want = room * (fr.shape[0] / room.sum())
         quota = np.floor(want).astype(np.int64)
         rest = fr.shape[0] - int(quota.sum())

@@ -150,6 +150,9 @@ def test_state_plan_fills_batches_and_mixes_seeds() -> None:
             assert abs(np.mean(outside) - 0.25 * 0.75) < 0.03
             # a full batch: 48 state seeds + 16 free; a state's partial batch gets more free ones
             assert ((np.array(outside) * sizes) > 17).sum() <= 2
+    tiny = plan_states(train_ids, part, 8, 2, 64, seed=1, epoch=0, ordering="comet", group=1,
+                       mix=0.002)  # 8 free seeds, every state batch already full
+    assert np.array_equal(np.sort(np.concatenate(tiny.batches)), train_ids)
     with pytest.raises(ValueError, match="mix"):
         plan_states(train_ids, part, 8, 2, 64, seed=1, epoch=0, ordering="comet", group=1, mix=1.0)
 
