@@ -100,6 +100,9 @@ class TrainConfig:
                               "--buffer-partitions / --cache-size)")
     ordering: str = _opt("comet", "data", "buffer/hybrid partition ordering: sequential or comet "
                          "(two-level randomised)", choices=("sequential", "comet"))
+    hybrid_mix: float = _opt(0.25, "data", "hybrid: fraction of each batch's seeds drawn from all "
+                             "training nodes instead of the resident partitions (closer to i.i.d. "
+                             "batches, more reads); 0 = seeds of resident partitions only")
     cache_policy: str = _opt("sieve", "data", "CPU feature cache policy for rows outside the buffer",
                              choices=("sieve", "clock", "lru", "none"))
     cache_size: str = _opt("", "data", "feature cache size without a budget, e.g. 256MB")
@@ -306,7 +309,7 @@ class TrainConfig:
         if self.buffer_partitions > self.partitions:
             raise ValueError(f"--buffer-partitions {self.buffer_partitions} exceeds --partitions "
                              f"{self.partitions}")
-        for name in ("dropout", "attn_dropout"):
+        for name in ("dropout", "attn_dropout", "hybrid_mix"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.model == "gat" and self.hidden % self.heads:

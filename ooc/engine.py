@@ -210,7 +210,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
         state = max(slots, 1)
     elif ordering == "comet":
         group = max(1, slots // 3)
-        state = slots - group
+        # whole logical partitions per state (comet_states rounds down); the rest prefetch
+        state = max(group, (slots - group) // group * group)
     else:
         state = slots - 1
     return BudgetPlan(budget, int(topo), int(nodes), int(stage), int(slot), int(slots), int(state),
@@ -531,30 +532,117 @@ def plan_exact(train_ids: np.ndarray, batch_size: int, seed: int, epoch: int) ->
 
 def plan_states(train_ids: np.ndarray, part_of: np.ndarray, num_parts: int, state_slots: int,
                 batch_size: int, seed: int, epoch: int, ordering: str, group: int,
-                start: list[int] | None = None) -> EnginePlan:
-    """Buffer-state plan: states from the ordering policy (beginning from ``start``, the partitions
-    resident when the epoch begins); every training node is assigned to one state holding its
-    partition (uniformly among those), shuffled within the state, cut into batches.
+                start: list[int] | None = None, mix: float = 0.0) -> EnginePlan:
+    """Buffer-state plan for ``buffer`` and ``hybrid`` mode.
+
+    States come from the ordering policy (beginning from ``start``, the partitions resident when
+    the epoch begins); every training node is assigned to one state holding its partition
+    (uniformly among those); the seeds of a state are shuffled together, so every batch mixes
+    seeds of all the state's partitions.  Seeds wait in a pool while their partition stays
+    resident in the next state, so batches are full (``batch_size``) except where the seeds of a
+    leaving partition do not fill one.
+
+    Args:
+        train_ids: int64 [T] training node ids; part_of: int64 [T] their partitions.
+        num_parts: P; state_slots: partitions resident per state (``>= P``: one state holding
+            every partition -- the plan is then :func:`plan_exact`'s, batch for batch).
+        batch_size, seed, epoch: as in :func:`plan_exact`.
+        ordering, group: the ordering policy and COMET's logical partition size.
+        start: partitions resident when the epoch begins.
+        mix: fraction in ``[0, 1)`` of the training nodes that are not bound to a state but
+            spread uniformly over all batches (``hybrid`` only: full-graph sampling can train any
+            seed; their rows are mostly misses).  Mixing makes batch label distributions closer to
+            i.i.d. at the price of reads.
+
+    Returns:
+        The plan; ``batch_state[i]`` is the state batch ``i`` trains in.
+
+    Raises:
+        ValueError: ``mix`` outside ``[0, 1)`` or ``batch_size < 1``.
     """
+    if not 0.0 <= mix < 1.0:
+        raise ValueError(f"mix must be in [0, 1), got {mix}")
+    if batch_size < 1:
+        raise ValueError(f"batch size must be >= 1, got {batch_size}")
+    if state_slots >= num_parts:  # everything resident: exactly the in-memory (exact) batches
+        p = plan_exact(train_ids, batch_size, seed, epoch)
+        return EnginePlan(p.batches, [0] * len(p.batches), [list(range(num_parts))], [[]])
     rng = np.random.default_rng([seed, epoch, 0xB0FF])
     states = node_states(ordering, num_parts, state_slots, rng, group, start)
     holders: list[list[int]] = [[] for _ in range(num_parts)]
     for k, st in enumerate(states):
         for p in st:
             holders[p].append(k)
-    choice = np.empty(train_ids.shape[0], dtype=np.int64)
+    t = train_ids.shape[0]
+    free = np.zeros(t, dtype=np.bool_)
+    if mix > 0:
+        free[rng.permutation(t)[:int(round(mix * t))]] = True
+    choice = np.full(t, -1, dtype=np.int64)
     for p in range(num_parts):
-        sel = np.flatnonzero(part_of == p)
+        sel = np.flatnonzero((part_of == p) & ~free)
         if sel.size:
             h = np.asarray(holders[p], dtype=np.int64)
             choice[sel] = h[rng.integers(0, h.shape[0], sel.shape[0])]
-    batches, batch_state = [], []
+    # batches drawn from a pool of pending seeds, all of resident partitions: at state k the pool
+    # gets the seeds assigned to k; seeds whose partition leaves with the next state train now (a
+    # batch they do not fill is topped up with seeds assigned to later states whose partitions are
+    # resident now), the others wait while the pool holds less than a batch
+    bound = max(1, batch_size - int(round(mix * batch_size)))  # state seeds per batch
+    cuts: list[np.ndarray] = []
+    batch_state: list[int] = []
+    used = free.copy()
+    pool = np.empty(0, dtype=np.int64)
+    member = np.zeros(num_parts, dtype=np.bool_)
     for k in range(len(states)):
-        s = train_ids[choice == k]
-        s = s[rng.permutation(s.shape[0])]
-        for i in range(0, s.shape[0], batch_size):
-            batches.append(s[i:i + batch_size])
+        new = np.flatnonzero((choice == k) & ~used)
+        used[new] = True
+        pool = np.concatenate([pool, new])
+        if k + 1 < len(states):
+            member[:] = False
+            member[states[k + 1]] = True
+            expiring = ~member[part_of[pool]]
+        else:
+            expiring = np.ones(pool.shape[0], dtype=np.bool_)
+        n_exp = int(expiring.sum())
+        m = max(-(-n_exp // bound), pool.shape[0] // bound)
+        if m == 0:
+            continue
+        others = np.flatnonzero(~expiring)
+        extra = others[rng.permutation(others.shape[0])[:max(m * bound - n_exp, 0)]]
+        go = pool[np.concatenate([np.flatnonzero(expiring), extra])]
+        left = np.ones(pool.shape[0], dtype=np.bool_)
+        left[np.concatenate([np.flatnonzero(expiring), extra])] = False
+        pool = pool[left]
+        short = m * bound - go.shape[0]
+        if short > 0:  # top up from seeds assigned to later states, partitions resident now
+            member[:] = False
+            member[states[k]] = True
+            cand = np.flatnonzero(~used & member[part_of])
+            top = cand[rng.permutation(cand.shape[0])[:short]]
+            used[top] = True
+            go = np.concatenate([go, top])
+        go = go[rng.permutation(go.shape[0])]
+        for i in range(0, go.shape[0], bound):
+            cuts.append(go[i:i + bound])
             batch_state.append(k)
+    if not cuts:  # every seed free (tiny training sets)
+        cuts, batch_state = [np.empty(0, dtype=np.int64)], [0]
+    fr = np.flatnonzero(free)
+    if fr.size:  # free seeds fill every batch up to batch_size (quotas by room, largest remainder)
+        fr = fr[rng.permutation(fr.shape[0])]
+        room = np.array([max(batch_size - c.shape[0], 0) for c in cuts], dtype=np.float64)
+        if room.sum() <= 0:  # every batch full (a tiny mix): spread over all, a seed or so over
+            room[:] = 1.0
+        want = room * (fr.shape[0] / room.sum())
+        quota = np.floor(want).astype(np.int64)
+        rest = fr.shape[0] - int(quota.sum())
+        if rest:
+            quota[np.argsort(quota - want, kind="stable")[:rest]] += 1
+        pos = np.concatenate([[0], np.cumsum(quota)])
+        for i in range(len(cuts)):
+            c = np.concatenate([cuts[i], fr[pos[i]:pos[i + 1]]])
+            cuts[i] = c[rng.permutation(c.shape[0])]
+    batches = [train_ids[c] for c in cuts]
     upcoming = []
     for k in range(len(states)):
         seen: list[int] = []
@@ -798,7 +886,8 @@ class DataPath:
             start = self._plans[e - 1].states[-1] if e > 0 else None
             self._plans[e] = plan_states(self.train_ids, self.part_of_train, self.budget.num_parts,
                                          self.budget.state_slots, c.batch_size, c.seed, e,
-                                         c.ordering, self.budget.group, start)
+                                         c.ordering, self.budget.group, start,
+                                         mix=c.hybrid_mix if c.mode == "hybrid" else 0.0)
             self._plans.pop(e - 2, None)
         return self._plans[epoch]
 
@@ -867,7 +956,8 @@ class DataPath:
                 "dataset_feature_bytes": self.ds.features.nbytes,
                 "budget": self.budget.as_dict(), "rss_baseline_bytes": self.rss.baseline,
                 "direct_io": bool(getattr(self.buffer.features, "direct", False)),
-                "num_parts": self.budget.num_parts, "resident_partitions": self.budget.state_slots}
+                "num_parts": self.budget.num_parts, "resident_partitions": self.budget.state_slots,
+                "hybrid_mix": self.cfg.hybrid_mix if self.cfg.mode == "hybrid" else 0.0}
 
     def close(self) -> None:
         self.buffer.close()

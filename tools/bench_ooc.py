@@ -164,36 +164,71 @@ def _row(name: str, m: dict, base_epoch: float | None) -> dict:
             "stall_s_per_epoch": float(np.mean([x["stall_s"] for x in h])),
             "peak_rss_over_baseline": m["peak_rss_bytes"] - m["rss_baseline_bytes"],
             "rss_baseline": m["rss_baseline_bytes"], "budget": m["budget"]["budget"],
-            "test_acc": m["test_acc"], "final_test_acc": m["final_test_acc"],
+            "test_acc": m["test_acc"],
+            "final_test_acc": m.get("final", {}).get("test_acc", m.get("final_test_acc")),
             "resident_partitions": m["budget"]["slots"], "num_parts": m["budget"]["num_parts"],
+            # the mix only matters when not every partition is resident (else: exact's plan)
+            "hybrid_mix": m.get("hybrid_mix", 0.0)
+            if m["budget"]["state_slots"] < m["budget"]["num_parts"] else 0.0,
             "command": m["command"]}
 
 
+def _reusable(ds_path: Path, nodes: int, feat_dim: int, parts: int) -> bool:
+    """Whether ``ds_path`` holds a planted dataset of this size, partitioned into ``parts``."""
+    from ooc.storage.dataset import Dataset
+    try:
+        ds = Dataset(ds_path)
+    except Exception:  # noqa: BLE001 - missing or incomplete: regenerate
+        return False
+    try:
+        off = ds.partition_offsets
+        return (ds.num_nodes == nodes and ds.feat_dim == feat_dim and off is not None
+                and off.shape[0] - 1 == parts)
+    finally:
+        ds.close()
+
+
 def run_bench_ooc(workdir: Path, nodes: int, feat_dim: int, parts: int, budget: int | None,
-                  epochs: int, modes: list[str], keep: bool = False) -> dict:
-    """The synthetic side-by-side benchmark; returns (and writes) the result dictionary."""
+                  epochs: int, modes: list[str], keep: bool = False, reuse: bool = False,
+                  hybrid_mix: float = 0.25) -> dict:
+    """The synthetic side-by-side benchmark; returns (and writes) the result dictionary.
+
+    ``reuse``: keep a dataset left in ``workdir/planted`` by an earlier ``--keep`` run when its
+    size and partition count match (generation and partitioning are then not re-measured).
+    ``hybrid_mix``: ``--hybrid-mix`` of the hybrid run.
+    """
     from ooc.partition import partition_dataset
     from ooc.storage.dataset import Dataset
     workdir.mkdir(parents=True, exist_ok=True)
     res: dict = {"drop_caches": _DROP, "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "
                             f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
                  "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    t = time.perf_counter()
-    ds_path = write_planted_stream(workdir / "planted", nodes, feat_dim)
-    res["generate_s"] = time.perf_counter() - t
-    from ooc.partition import partition_nodes
-    from ooc.storage.dataset import Dataset as _D
-    d0 = _D(ds_path)  # the streaming partitioner's cut, for the record (not used for training)
-    t = time.perf_counter()
-    sres = partition_nodes(d0.indptr, d0.raw("indices"), d0.num_nodes, parts, "stream",
-                           d0.split("train"))
-    res["stream_partition"] = {"seconds": time.perf_counter() - t, "cut_fraction": sres.cut_fraction}
-    d0.close()
-    del sres
-    t = time.perf_counter()
-    _, pres = partition_dataset(ds_path, parts, "metis", memory_budget="2GB")
-    res["partition_s"] = time.perf_counter() - t
-    res["partition"] = {k: v for k, v in pres.summary().items() if k not in ("sizes", "train_per_part")}
+    ds_path = workdir / "planted"
+    if reuse and _reusable(ds_path, nodes, feat_dim, parts):
+        res["reused_dataset"] = str(ds_path)
+    else:
+        t = time.perf_counter()
+        ds_path = write_planted_stream(ds_path, nodes, feat_dim)
+        res["generate_s"] = time.perf_counter() - t
+        from ooc.partition import partition_nodes
+        from ooc.storage.dataset import Dataset as _D
+        d0 = _D(ds_path)  # the streaming partitioner's cut, for the record (not used for training)
+        t = time.perf_counter()
+        sres = partition_nodes(d0.indptr, d0.raw("indices"), d0.num_nodes, parts, "stream",
+                               d0.split("train"))
+        res["stream_partition"] = {"seconds": time.perf_counter() - t,
+                                   "cut_fraction": sres.cut_fraction}
+        d0.close()
+        del sres
+        t = time.perf_counter()
+        _, pres = partition_dataset(ds_path, parts, "metis", memory_budget="2GB")
+        res["partition_s"] = time.perf_counter() - t
+        res["partition"] = {k: v for k, v in pres.summary().items()
+                            if k not in ("sizes", "train_per_part")}
+        (workdir / "partition.json").write_text(json.dumps(
+            {k: res[k] for k in ("generate_s", "stream_partition", "partition_s", "partition")}))
+    if "partition" not in res and (workdir / "partition.json").exists():
+        res.update(json.loads((workdir / "partition.json").read_text()))
     ds = Dataset(ds_path)
     size = ds.features.nbytes + ds.raw("indices").nbytes + ds.raw("indptr").nbytes
     res["dataset_bytes"] = size
@@ -212,10 +247,13 @@ def run_bench_ooc(workdir: Path, nodes: int, feat_dim: int, parts: int, budget: 
     runs["resident"] = _train(ds_path, workdir / "run-resident",
                               common + ["--mode", "hybrid", "--memory-budget", str(64 << 30)])
     base = float(runs["resident"]["history"][-1]["train_time_s"])
-    for mode in modes:
-        runs[mode] = _train(ds_path, workdir / f"run-{mode}",
+    for spec in modes:  # MODE, or hybrid:MIX for a hybrid run with another --hybrid-mix
+        mode, _, mix = spec.partition(":")
+        name = mode if not mix else f"{mode} (mix {mix})"
+        runs[name] = _train(ds_path, workdir / f"run-{spec.replace(':', '-')}",
                             common + ["--mode", mode, "--memory-budget", str(budget)]
-                            + (["--topology", "disk"] if mode == "buffer" else []))
+                            + (["--topology", "disk"] if mode == "buffer" else [])
+                            + (["--hybrid-mix", mix or str(hybrid_mix)] if mode == "hybrid" else []))
     res["rows"] = [_row(k, m, base) for k, m in runs.items()]
     (workdir / "bench_ooc.json").write_text(json.dumps(res, indent=2))
     if not keep:
@@ -271,6 +309,11 @@ def run_planetoid_table(shared: Path, workdir: Path, names: list[str], seeds: in
 
 def _print_synthetic(res: dict) -> None:
     gb = 1e9
+    if "partition" not in res:
+        print(f"reused {res.get('reused_dataset')}")
+        res = {**res, "generate_s": float("nan"), "partition_s": float("nan"),
+               "partition": {"cut_fraction": float("nan")},
+               "stream_partition": {"cut_fraction": float("nan"), "seconds": float("nan")}}
     print(f"dataset {res['dataset_bytes'] / gb:.2f} GB (features {res['features_bytes'] / gb:.2f} GB, "
           f"{res['num_edges']:,} edges), budget {res['budget'] / gb:.2f} GB; generate "
           f"{res['generate_s']:.0f} s, METIS partition + rewrite {res['partition_s']:.0f} s "
@@ -284,7 +327,9 @@ def _print_synthetic(res: dict) -> None:
           "| swaps (lower bound) | stall (s) | peak RSS - baseline (GB) | test acc |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in res["rows"]:
-        print(f"| {r['run']} | {r['resident_partitions']}/{r['num_parts']} | {r['epoch_train_s']:.1f} | "
+        name = r["run"] + (f" (mix {r['hybrid_mix']})" if r.get("hybrid_mix") and "mix" not in r["run"]
+                           else "")
+        print(f"| {name} | {r['resident_partitions']}/{r['num_parts']} | {r['epoch_train_s']:.1f} | "
               f"{r['ratio_to_resident']:.2f}x | {r['bytes_read_per_epoch'] / gb:.2f} | "
               f"{r['buffer_hit_ratio']:.3f} | {r['cache_hit_ratio']:.3f} | {r['swaps_per_epoch']:.0f} "
               f"({r['swaps_lower_bound']}) | {r['stall_s_per_epoch']:.1f} | "
@@ -300,7 +345,8 @@ def _cmd_bench_ooc(args: argparse.Namespace) -> int:
     if not args.skip_synthetic:
         res = run_bench_ooc(work, args.nodes, args.feat_dim, args.parts,
                             parse_bytes(args.budget) if args.budget else None, args.epochs,
-                            args.modes.split(","), keep=args.keep)
+                            args.modes.split(","), keep=args.keep or args.reuse, reuse=args.reuse,
+                            hybrid_mix=args.hybrid_mix)
         _print_synthetic(res)
     if not args.skip_planetoid:
         from ooc.tools.cli import log  # noqa: F401 (same logging setup)
@@ -317,11 +363,16 @@ def add_bench_ooc(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--workdir", default="/work/bench-data/issue5/bench")
     p.add_argument("--nodes", type=int, default=4_000_000)
     p.add_argument("--feat-dim", type=int, default=256)
-    p.add_argument("--parts", type=int, default=32)
+    p.add_argument("--parts", type=int, default=256,
+                   help="METIS partitions: many small ones, grouped at random into buffer states")
     p.add_argument("--budget", default="", help="default: dataset bytes / 3")
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--modes", default="hybrid,buffer,exact")
+    p.add_argument("--modes", default="hybrid,buffer,exact",
+                   help="comma-separated; hybrid:MIX adds a hybrid run with --hybrid-mix MIX")
     p.add_argument("--keep", action="store_true", help="keep the generated dataset")
+    p.add_argument("--reuse", action="store_true",
+                   help="reuse WORKDIR/planted when it matches --nodes/--feat-dim/--parts (implies --keep)")
+    p.add_argument("--hybrid-mix", type=float, default=0.25, help="--hybrid-mix of the hybrid run")
     p.add_argument("--skip-synthetic", action="store_true")
     p.add_argument("--skip-planetoid", action="store_true")
     p.add_argument("--shared-data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
