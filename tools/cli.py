@@ -572,6 +572,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_ooc(bsub)
     from ooc.tools.bench_sample import add_sample_parser
     add_sample_parser(bsub)
+    from ooc.tools.bench_scale import add_bench_scale
+    add_bench_scale(bsub)
 
     info = sub.add_parser("info", help="print counts, dtypes, sizes on disk, partitions")
     info.add_argument("dataset")
