@@ -43,6 +43,8 @@ class ScaleConfig:
             budget, ``buffer_parts`` resident partitions (``--buffer-partitions``).
         prefetch: batches built ahead (each counts in the budget's batches in flight).
         gen_budget, part_budget: memory budgets of generate and partition.
+        edge_buckets: let ``ooc partition`` write ``partitions/buckets/*`` (2 x the indices on
+            disk; only link prediction's BETA ordering reads them, node training does not).
         fanouts, batch_size, hidden, epochs: GraphSAGE training options (3 layers for 3 fanouts).
         eval_fanouts: sampled evaluation fanouts (full neighbourhoods explode on R-MAT).
         modes: training modes run in order (``hybrid``, ``buffer``, ``exact``; ``exact`` runs with
@@ -62,6 +64,7 @@ class ScaleConfig:
     prefetch: int = 1
     gen_budget: str = "2GB"
     part_budget: str = "2GB"
+    edge_buckets: bool = False
     fanouts: str = "15,10,5"
     eval_fanouts: str = "15,10,5"
     batch_size: int = 1024
@@ -232,6 +235,8 @@ def run_scale(cfg: ScaleConfig, workdir: str | Path, results: str | Path | None 
         elif st == "partition":
             cmd = _ooc("partition", str(ds), "--parts", str(cfg.parts), "--method", "stream",
                        "--memory-budget", cfg.part_budget, "--seed", str(cfg.seed))
+            if not cfg.edge_buckets:
+                cmd.append("--no-edge-buckets")
         else:
             mode = st.split("-", 1)[1]
             run = work / "runs" / mode
