@@ -489,6 +489,9 @@ def _read_jsonl(path: Path) -> list[dict]:
     return out
 
 
+#: Seconds between flushes of ``steps.jsonl`` during an epoch (a billion-edge epoch takes an hour).
+STEPS_FLUSH_S = 10.0
+
 #: Options a resumed run may change: they affect speed, logging or when training stops, never the
 #: weights of an epoch (the buffer and prefetch depth do not change batches; tested).
 RESUMABLE_CHANGES = frozenset({
@@ -596,6 +599,7 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
         for p in (metrics_path, steps_path):
             p.write_text("")
     steps_f = open(steps_path, "a")
+    last_flush = time.perf_counter()  # flushed every STEPS_FLUSH_S: long epochs show progress
 
     def checkpoint() -> None:
         steps_f.flush()
@@ -660,6 +664,9 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
                         "compute_s": round(t_done - t_got, 6), "sample_s": round(bstats.get("sample_s", 0.0), 6),
                         "gather_s": round(bstats.get("gather_s", 0.0), 6), "loss": lv,
                         "seeds": bstats["seen"]}) + "\n")
+                    if t_done - last_flush > STEPS_FLUSH_S:
+                        steps_f.flush()
+                        last_flush = t_done
                     bar.update(1)
                     if hasattr(task.data, "postfix"):
                         bar.set_postfix(epoch=epoch, loss=f"{lv:.4f}", **task.data.postfix())
