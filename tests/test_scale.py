@@ -16,7 +16,7 @@ def test_run_stage_measures_rss_and_exit_code(tmp_path: Path) -> None:
     r = run_stage([sys.executable, "-c", "b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096])"],
                   tmp_path / "a.log", poll_s=0.05)
     assert r["returncode"] == 0 and 200 << 20 <= r["peak_rss_bytes"] < 400 << 20
-    assert r["seconds"] > 0 and r["swaps"] >= 0
+    assert r["seconds"] > 0 and r["system_swaps"] >= 0
     bad = run_stage([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], tmp_path / "b.log")
     assert bad["returncode"] == 3 and "boom" in (tmp_path / "b.log").read_text()
 

@@ -126,10 +126,11 @@ def run_stage(cmd: list[str], log_path: Path, poll_s: float = 1.0) -> dict:
     """Run ``cmd`` with stdout/stderr to ``log_path`` and measure it.
 
     Returns:
-        ``{"command", "seconds", "peak_rss_bytes", "read_bytes", "swaps", "returncode"}`` —
+        ``{"command", "seconds", "peak_rss_bytes", "read_bytes", "system_swaps", "returncode"}`` —
         ``read_bytes`` is the last ``/proc/PID/io`` value seen (storage reads of the process,
         page-cache hits excluded; polled every ``poll_s`` s, so up to ``poll_s`` of reads at the
-        end may be missing), ``swaps`` the system's pages swapped in + out meanwhile.
+        end may be missing), ``system_swaps`` the system's pages swapped in + out meanwhile (the
+        training stages' ``swaps`` are the engine's partition swaps).
     """
     sw0 = _vmstat_swaps()
     t0 = time.perf_counter()
@@ -146,7 +147,7 @@ def run_stage(cmd: list[str], log_path: Path, poll_s: float = 1.0) -> dict:
     p.returncode = os.waitstatus_to_exitcode(status)
     return {"command": " ".join(cmd), "seconds": time.perf_counter() - t0,
             "peak_rss_bytes": ru.ru_maxrss * 1024, "read_bytes": rb,
-            "swaps": _vmstat_swaps() - sw0, "returncode": p.returncode}
+            "system_swaps": _vmstat_swaps() - sw0, "returncode": p.returncode}
 
 
 def _du(path: Path) -> int:
@@ -291,7 +292,7 @@ def _gib(b: float | None) -> str:
 
 def format_table(rec: dict) -> str:
     """A plain-text table of the record's stages (wall s, peak RSS GiB, GiB read, accuracy...)."""
-    rows = [("stage", "wall s", "peak RSS GiB", "read GiB", "swaps", "notes")]
+    rows = [("stage", "wall s", "peak RSS GiB", "read GiB", "sys swaps", "notes")]
     for name, r in rec["stages"].items():
         notes = ""
         if name in ("generate", "partition"):
@@ -311,7 +312,8 @@ def format_table(rec: dict) -> str:
         if r.get("returncode"):
             notes = f"FAILED (exit {r['returncode']})"
         rows.append((name, f"{r['seconds']:.1f}", _gib(r["peak_rss_bytes"]), _gib(r.get("read_bytes")),
-                     str(r.get("swaps", "")) if name in ("generate", "partition") else "0",
+                     str(r.get("system_swaps", r.get("swaps", "")) if name in ("generate", "partition")
+                         else r.get("system_swaps", "")),
                      notes))
     w = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w[i]) for i, c in enumerate(row)).rstrip() for row in rows)
