@@ -12,10 +12,11 @@ from ooc.tools.bench_scale import ScaleConfig, format_table, run_scale, run_stag
 
 
 def test_run_stage_measures_rss_and_exit_code(tmp_path: Path) -> None:
-    """Peak RSS is the child's own (a 200 MB allocation shows), a failure keeps its exit code."""
+    """Peak RSS shows the child's 200 MB allocation (``ru_maxrss`` also counts the parent's pages
+    between fork and exec, so only the lower bound is exact), a failure keeps its exit code."""
     r = run_stage([sys.executable, "-c", "b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096])"],
                   tmp_path / "a.log", poll_s=0.05)
-    assert r["returncode"] == 0 and 200 << 20 <= r["peak_rss_bytes"] < 400 << 20
+    assert r["returncode"] == 0 and r["peak_rss_bytes"] >= 200 << 20
     assert r["seconds"] > 0 and r["system_swaps"] >= 0
     bad = run_stage([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], tmp_path / "b.log")
     assert bad["returncode"] == 3 and "boom" in (tmp_path / "b.log").read_text()

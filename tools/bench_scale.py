@@ -127,7 +127,8 @@ def run_stage(cmd: list[str], log_path: Path, poll_s: float = 1.0) -> dict:
 
     Returns:
         ``{"command", "seconds", "peak_rss_bytes", "read_bytes", "system_swaps", "returncode"}`` —
-        ``read_bytes`` is the last ``/proc/PID/io`` value seen (storage reads of the process,
+        ``peak_rss_bytes`` is ``ru_maxrss``, which also counts the parent's pages between fork and
+        exec (this orchestrator imports neither torch nor Numba: ~30 MB); ``read_bytes`` is the last ``/proc/PID/io`` value seen (storage reads of the process,
         page-cache hits excluded; polled every ``poll_s`` s, so up to ``poll_s`` of reads at the
         end may be missing), ``system_swaps`` the system's pages swapped in + out meanwhile (the
         training stages' ``swaps`` are the engine's partition swaps).
