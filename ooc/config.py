@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TrainConfig", "parse_fanouts", "load_yaml", "SECTIONS", "ConfigError"]
+__all__ = ["TrainConfig", "parse_fanouts", "evaluation_fanouts", "load_yaml", "SECTIONS",
+           "ConfigError"]
 
 SECTIONS = ("data", "sampler", "model", "task", "train", "eval", "run")
 
@@ -177,6 +178,10 @@ class TrainConfig:
     eval_mode: str = _opt("sampled", "eval", "per-epoch evaluation: sampled (full neighbourhoods of "
                           "the evaluated seeds) or layerwise (all nodes, layer by layer)",
                           choices=("sampled", "layerwise"))
+    eval_fanouts: list[int] = _opt([], "eval", "sampled evaluation: neighbours per layer, output layer "
+                                   "first (empty = all neighbours, exact for the evaluated seeds; on "
+                                   "large power-law graphs full 3-hop neighbourhoods reach most of the "
+                                   "graph, so give e.g. the training fanouts)")
     # run
     seed: int = _opt(0, "run", "seed of Python, NumPy, torch and the samplers")
     output_dir: str = _opt("runs/latest", "run", "run directory")
@@ -298,6 +303,11 @@ class TrainConfig:
                 raise ValueError(f"{f.name} must be one of {', '.join(ch)}, got "
                                  f"{getattr(self, f.name)!r}")
         self.fanouts = parse_fanouts(self.fanouts)
+        if self.eval_fanouts:
+            self.eval_fanouts = parse_fanouts(self.eval_fanouts)
+            if len(self.eval_fanouts) != len(self.fanouts):
+                raise ValueError(f"eval_fanouts {self.eval_fanouts} must have one entry per layer "
+                                 f"({len(self.fanouts)}, as fanouts {self.fanouts})")
         for name in ("batch_size", "eval_batch_size", "epochs", "partitions", "buffer_partitions",
                      "hidden", "eval_every", "heads", "out_heads", "eval_candidates", "layer_size",
                      "num_clusters", "clusters_per_batch"):
@@ -391,7 +401,7 @@ def _coerce(name: str, tp: Any, v: Any, source: str) -> Any:
         return str(v)
     if typing.get_origin(tp) is list:
         try:
-            if name == "fanouts":
+            if name == "fanouts" or (name == "eval_fanouts" and v not in ("", [], None)):
                 return parse_fanouts(v)
             if isinstance(v, str):
                 v = [x for x in v.strip("[]").split(",") if x.strip()]
@@ -401,3 +411,9 @@ def _coerce(name: str, tp: Any, v: Any, source: str) -> Any:
         except (TypeError, ValueError):
             raise bad() from None
     return v
+
+
+def evaluation_fanouts(cfg: "TrainConfig") -> list[int]:
+    """Fanouts of sampled evaluation: ``cfg.eval_fanouts``, or ``-1`` (all neighbours) per layer
+    when it is empty.  One entry per layer, output layer first."""
+    return list(cfg.eval_fanouts) if cfg.eval_fanouts else [-1] * len(cfg.fanouts)

@@ -629,12 +629,14 @@ class ShardedTask:
     @torch.no_grad()
     def evaluate(self, model: Any, device: torch.device) -> dict:
         """Validation/test scores over all ranks, exactly the single-process values (see the
-        module docstring).  Layer-wise mode runs the same full inference on every rank."""
+        module docstring) with full neighbourhoods; with sampled ``eval_fanouts`` each rank samples
+        its own share, so the scores are estimates that differ from a single process's.  Layer-wise
+        mode runs the same full inference on every rank."""
         t = self.inner
         if t.cfg.eval_mode == "layerwise":
             return t.evaluate(model, device)
+        from ooc.config import evaluation_fanouts
         from ooc.train import _scores, _to_device
-        nl = len(t.cfg.fanouts)
         counts = []
         model.eval()
         for ids in (t.val_ids, t.test_ids):
@@ -642,7 +644,7 @@ class ShardedTask:
             c = [0, 0, 0, 0]
             for i in range(0, mine.shape[0], t.cfg.eval_batch_size):
                 b = t.data.loader.make_batch(i, mine[i:i + t.cfg.eval_batch_size], epoch=-1,
-                                             fanouts=[-1] * nl)
+                                             fanouts=evaluation_fanouts(t.cfg))
                 blocks, x = _to_device(b, device)
                 s = _scores(model(blocks, x).float().cpu(), b.y, t.multilabel)
                 c = [a + v for a, v in zip(c, s)]

@@ -124,11 +124,14 @@ class BudgetPlan:
 
 
 def _staging_bytes(n: int, avg_deg: float, row_bytes: int, feat_dim: int, batch_size: int,
-                   fanouts: list[int], prefetch: int, hidden: int, eval_batch_size: int = 0) -> int:
+                   fanouts: list[int], prefetch: int, hidden: int, eval_batch_size: int = 0,
+                   eval_fanouts: list[int] | None = None) -> int:
     """Bytes of batches in flight: ``prefetch + 2`` training batches (queued, being built, being
-    trained), or two full-neighbourhood evaluation batches, whichever is larger."""
+    trained), or two evaluation batches (``eval_fanouts``; ``None``: full neighbourhoods),
+    whichever is larger."""
     train = _batch_bytes(n, avg_deg, row_bytes, feat_dim, batch_size, fanouts, hidden)
-    ev = _batch_bytes(n, avg_deg, row_bytes, feat_dim, eval_batch_size, [-1] * len(fanouts), hidden)
+    ev = _batch_bytes(n, avg_deg, row_bytes, feat_dim, eval_batch_size,
+                      list(eval_fanouts) if eval_fanouts else [-1] * len(fanouts), hidden)
     return int(max((max(prefetch, 0) + 2) * train, 2 * ev))
 
 
@@ -146,7 +149,8 @@ def _batch_bytes(n: int, avg_deg: float, row_bytes: int, feat_dim: int, batch_si
 def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray, topology: str,
                 batch_size: int, fanouts: list[int], prefetch: int, hidden: int,
                 buffer_partitions: int, cache_size: int | None, cache_policy: str,
-                ordering: str, eval_batch_size: int = 0) -> BudgetPlan:
+                ordering: str, eval_batch_size: int = 0,
+                eval_fanouts: list[int] | None = None) -> BudgetPlan:
     """Split ``budget`` between topology, node arrays, staging, partition slots and the cache.
 
     Raises:
@@ -166,7 +170,7 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
         topo += e * idx_item
     nodes = 4 * n + 8 * sum(ds.split(s).shape[0] for s in ("train", "valid", "test"))
     stage = _staging_bytes(n, e / max(n, 1), row_bytes, ds.feat_dim, batch_size, fanouts, prefetch,
-                           hidden, eval_batch_size)
+                           hidden, eval_batch_size, eval_fanouts)
     slot = _align_up(int(sizes.max()) * row_bytes) + 2 * ALIGN
     if mode == "buffer":  # in-edges of the partition (raw + local CSC) travel with it
         slot += _align_up(int(part_edges.max()) * idx_item) + 2 * ALIGN
@@ -989,7 +993,7 @@ def build_data_path(cfg, ds: Dataset, rss: RssMonitor | None = None) -> DataPath
     cache_size = parse_bytes(cfg.cache_size) if cfg.cache_size else None
     plan = plan_budget(cfg.mode, budget_bytes, ds, offsets, cfg.topology, cfg.batch_size,
                        cfg.fanouts, cfg.prefetch, cfg.hidden, cfg.buffer_partitions, cache_size,
-                       cfg.cache_policy, cfg.ordering, cfg.eval_batch_size)
+                       cfg.cache_policy, cfg.ordering, cfg.eval_batch_size, cfg.eval_fanouts)
     indptr = ds.indptr
     readers: list = []
     indices = None

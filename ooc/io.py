@@ -307,19 +307,22 @@ class DiskRows:
 
 
 @njit(cache=True, nogil=True)
-def _read_lists(fd: int, itemsize: int, indptr: np.ndarray, nodes: np.ndarray, buf: np.ndarray,
-                out: np.ndarray, out_ptr: np.ndarray, align: int) -> tuple:
+def _read_lists(fds: np.ndarray, chunk_bytes: int, itemsize: int, indptr: np.ndarray,
+                nodes: np.ndarray, buf: np.ndarray, out: np.ndarray, out_ptr: np.ndarray,
+                align: int) -> tuple:
     """Neighbour lists of ``nodes`` via page-aligned preads of at most ``len(buf)`` bytes each.
 
-    Bytes already in the buffer from the previous read are reused (with ``nodes`` sorted, lists
-    that share a page cost one read).  Returns ``(bytes read, requests, max bytes requested in one
-    read, error flag)``.
+    The ids live in chunk files ``fds[c]`` of ``chunk_bytes`` bytes each (a multiple of ``align``;
+    one file: pass a ``chunk_bytes`` past its end); a read never crosses a chunk file, so a list
+    that straddles two chunks costs two reads.  Bytes already in the buffer from the previous read
+    are reused (with ``nodes`` sorted, lists that share a page cost one read).  Returns
+    ``(bytes read, requests, max bytes requested in one read, error flag)``.
     """
     total = 0
     reqs = 0
     biggest = 0
     cap = (buf.shape[0] // align) * align
-    have_a = -1  # file offset of buf[0]
+    have_a = -1  # global byte offset of buf[0]
     have_n = 0  # valid bytes in buf
     for i in range(nodes.shape[0]):
         v = nodes[i]
@@ -329,9 +332,12 @@ def _read_lists(fd: int, itemsize: int, indptr: np.ndarray, nodes: np.ndarray, b
         pos = s
         while pos < e:
             if not (have_a >= 0 and have_a <= pos and pos < have_a + have_n):
+                c = pos // chunk_bytes
+                base = c * chunk_bytes
                 a = (pos // align) * align
-                n = min(cap, ((e + align - 1) // align) * align - a)
-                got = _pread(fd, buf.ctypes.data, n, a)
+                stop = min(e, base + chunk_bytes)
+                n = min(cap, ((stop + align - 1) // align) * align - a)
+                got = _pread(fds[c], buf.ctypes.data, n, a - base)
                 reqs += 1
                 total += n
                 biggest = max(biggest, n)
@@ -391,19 +397,10 @@ class NeighborReader:
         np.cumsum(deg, out=ptr[1:])
         sptr = ptr[order]  # where each sorted node's list goes in the output
         out = np.empty(int(ptr[-1]) * self.itemsize, dtype=np.uint8)
-        if self.indices.num_chunks == 1:
-            fd = int(self._rows.fds[0])
-            total, reqs, big, err = _read_lists(fd, self.itemsize, self.indptr, snodes, self.buf, out,
-                                                sptr, self.align)
-        else:  # lists may cross chunk files: read per list through the stitched offsets
-            total = reqs = big = err = 0
-            for i, v in enumerate(nodes.tolist()):
-                a, b = int(self.indptr[v]), int(self.indptr[v + 1])
-                if b > a:
-                    rows = self._rows.read_rows(a, b)
-                    out[ptr[i] * self.itemsize:ptr[i + 1] * self.itemsize] = rows.view(np.uint8)
-                    total += (b - a) * self.itemsize
-                    reqs += 1
+        # one chunk file: any chunk size past the end of the file
+        chunk_bytes = self.indices.chunk_bytes if self.indices.num_chunks > 1 else 1 << 62
+        total, reqs, big, err = _read_lists(self._rows.fds, chunk_bytes, self.itemsize, self.indptr,
+                                            snodes, self.buf, out, sptr, self.align)
         if err:
             raise OSError(f"{self.indices.path}: short read; the dataset is truncated")
         self.max_request = max(self.max_request, int(big))

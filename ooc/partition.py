@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -319,12 +320,25 @@ def _rows_view(a: np.ndarray) -> np.ndarray:
     return a.view(_UINT[a.dtype.itemsize]).reshape(a.shape[0], -1)
 
 
-def _permute_rows(src: RawArray, perm: np.ndarray, inv: np.ndarray, writer, budget: int) -> int:
-    """Append ``src[perm]`` to ``writer`` in groups that fit ``budget``; returns passes made."""
+def _permute_rows(src: RawArray, perm: np.ndarray, inv: np.ndarray, writer, budget: int,
+                  spool_dir: Path | None = None) -> int:
+    """Append ``src[perm]`` to ``writer`` in groups of new ids that fit ``budget``.
+
+    With at most two groups (or no ``spool_dir``), each group is filled by one sequential scan
+    over the old rows.  With more, that would read the array once per group (a 12.8 GB feature
+    array under a 2 GB budget: 13 full scans), so the rows are spooled instead: one scan appends
+    every row to the spool file of its group (:func:`_spool_rows`), then each group is read back
+    and placed — the array is read twice and written twice whatever the budget.
+
+    Returns:
+        Full passes over the old rows (1 when spooled).
+    """
     n = perm.shape[0]
     row_bytes = max(src.row_bytes, 1)
     group = max(1, budget // (2 * row_bytes))
     scan = max(1, min(group, (64 << 20) // row_bytes))
+    if spool_dir is not None and -(-n // group) > 2:
+        return _spool_rows(src, perm, inv, writer, group, scan, Path(spool_dir))
     passes = 0
     for g0 in range(0, n, group):
         g1 = min(n, g0 + group)
@@ -342,6 +356,50 @@ def _permute_rows(src: RawArray, perm: np.ndarray, inv: np.ndarray, writer, budg
         writer.append(out)
         passes += 1
     return passes
+
+
+def _spool_rows(src: RawArray, perm: np.ndarray, inv: np.ndarray, writer, group: int, scan: int,
+                spool_dir: Path) -> int:
+    """:func:`_permute_rows` through one spool file per group of ``group`` new ids.
+
+    Pass 1 reads the old rows in blocks of ``scan`` and appends each row to the file of group
+    ``inv[old] // group`` (stable, so a file holds its rows in ascending old id); pass 2 loads one
+    file (``group`` rows), puts row ``j`` at ``inv[sorted(perm[g0:g1])[j]] - g0`` and appends the
+    group to ``writer``.  Each file is deleted once placed.  Returns 1 (one scan of ``src``).
+    """
+    n = perm.shape[0]
+    k = -(-n // group)
+    spool_dir.mkdir(parents=True, exist_ok=True)
+    paths = [spool_dir / f"group-{g:05d}.bin" for g in range(k)]
+    files = [open(p, "wb") for p in paths]
+    try:
+        for b0 in range(0, n, scan):
+            b1 = min(n, b0 + scan)
+            blk = np.ascontiguousarray(src.read(b0, b1))
+            gid = inv[b0:b1] // group
+            order = np.argsort(gid, kind="stable")
+            counts = np.bincount(gid, minlength=k)
+            rows = blk[order]
+            a = 0
+            for g in np.flatnonzero(counts):
+                c = int(counts[g])
+                files[g].write(memoryview(rows[a:a + c]).cast("B"))
+                a += c
+    finally:
+        for f in files:
+            f.close()
+    for g in range(k):
+        g0, g1 = g * group, min(n, (g + 1) * group)
+        got = np.fromfile(paths[g], dtype=src.dtype).reshape((-1, *src.shape[1:]))
+        if got.shape[0] != g1 - g0:
+            raise RuntimeError(f"spool {paths[g]} holds {got.shape[0]} rows, expected {g1 - g0}")
+        out = np.empty_like(got)
+        out[inv[np.sort(perm[g0:g1])] - g0] = got
+        del got
+        writer.append(out)
+        del out
+        paths[g].unlink()
+    return 1
 
 
 def _known_arrays(ds: Dataset) -> tuple[list[str], list[str]]:
@@ -432,8 +490,9 @@ def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overw
                 continue
             src = ds.raw(rel)
             fw = w.array_writer(rel, src.dtype, src.shape[1:], expected_rows=n, chunk_rows=src.chunk_rows)
-            feat_passes += _permute_rows(src, perm, inv, fw, budget)
+            feat_passes += _permute_rows(src, perm, inv, fw, budget, spool_dir=w.tmp / "_spool")
             w.finish_array(fw)
+        shutil.rmtree(w.tmp / "_spool", ignore_errors=True)
         if ds.has("labels"):
             w.write_array("labels", ds.labels[perm])
         for s in ("train", "valid", "test"):

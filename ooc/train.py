@@ -46,7 +46,7 @@ from tqdm import tqdm
 
 from ooc.buffer import PartitionBuffer, contiguous_partitions
 from ooc.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from ooc.config import TrainConfig
+from ooc.config import TrainConfig, evaluation_fanouts
 from ooc.device_cache import build_device_cache
 from ooc.loader import Batch, BatchLoader, EpochPlan, plan_epoch
 from ooc.models import GNN, build_model
@@ -203,20 +203,33 @@ def _scores(pred_logits: torch.Tensor, y: torch.Tensor, multilabel: bool) -> tup
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: BatchLoader, ids: np.ndarray, num_layers: int,
-             batch_size: int, device: torch.device | str = "cpu", multilabel: bool = False) -> float:
-    """Accuracy (micro-F1 when ``multilabel``) on ``ids`` with full neighbourhoods (fanout -1 at
-    every layer, i.e. exact inference for these seeds).
+             batch_size: int, device: torch.device | str = "cpu", multilabel: bool = False,
+             fanouts: list[int] | None = None) -> float:
+    """Accuracy (micro-F1 when ``multilabel``) on ``ids``.
+
+    Args:
+        ids: int64 node ids evaluated, in batches of ``batch_size``.
+        num_layers: model depth.
+        fanouts: neighbours per layer (output layer first); ``None`` = full neighbourhoods (-1 at
+            every layer, i.e. exact inference for these seeds).  Sampled fanouts use the keys
+            ``batch_key(seed, -1, i)``, so the score is deterministic for a seed.
 
     Returns:
         The score in [0, 1] (0.0 if ``ids`` is empty).
+
+    Raises:
+        ValueError: ``fanouts`` does not have ``num_layers`` entries.
     """
+    fo = list(fanouts) if fanouts else [-1] * num_layers
+    if len(fo) != num_layers:
+        raise ValueError(f"evaluation fanouts {fo} need {num_layers} entries (one per layer)")
     if ids.shape[0] == 0:
         return 0.0
     device = torch.device(device)
     model.eval()
     correct = total = tp = err = 0
     for i in range(0, ids.shape[0], batch_size):
-        b = loader.make_batch(i, ids[i:i + batch_size], epoch=-1, fanouts=[-1] * num_layers)
+        b = loader.make_batch(i, ids[i:i + batch_size], epoch=-1, fanouts=fo)
         blocks, x = _to_device(b, device)
         c, t, p, e = _scores(model(blocks, x).float().cpu(), b.y, multilabel)
         correct, total, tp, err = correct + c, total + t, tp + p, err + e
@@ -329,8 +342,9 @@ class NodeTask:
             return evaluate_node_layerwise(model, self, device,
                                            Path(self.cfg.output_dir) / "inference" if big else None)
         nl = len(self.cfg.fanouts)
+        fo = evaluation_fanouts(self.cfg)
         return {k: evaluate(model, self.data.loader, ids, nl, self.cfg.eval_batch_size, device,
-                            self.multilabel)
+                            self.multilabel, fo)
                 for k, ids in (("val_acc", self.val_ids), ("test_acc", self.test_ids))}
 
     def close(self) -> None:
@@ -475,11 +489,15 @@ def _read_jsonl(path: Path) -> list[dict]:
     return out
 
 
+#: Seconds between flushes of ``steps.jsonl`` during an epoch (a billion-edge epoch takes an hour).
+STEPS_FLUSH_S = 10.0
+
 #: Options a resumed run may change: they affect speed, logging or when training stops, never the
 #: weights of an epoch (the buffer and prefetch depth do not change batches; tested).
 RESUMABLE_CHANGES = frozenset({
     "epochs", "progress", "checkpoint_every", "output_dir", "threads", "device", "io_threads",
-    "prefetch", "eval_batch_size", "patience", "eval_every", "eval_mode", "buffer_partitions",
+    "prefetch", "eval_batch_size", "patience", "eval_every", "eval_mode", "eval_fanouts",
+    "buffer_partitions",
     "topology"})
 
 
@@ -581,6 +599,7 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
         for p in (metrics_path, steps_path):
             p.write_text("")
     steps_f = open(steps_path, "a")
+    last_flush = time.perf_counter()  # flushed every STEPS_FLUSH_S: long epochs show progress
 
     def checkpoint() -> None:
         steps_f.flush()
@@ -645,6 +664,9 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
                         "compute_s": round(t_done - t_got, 6), "sample_s": round(bstats.get("sample_s", 0.0), 6),
                         "gather_s": round(bstats.get("gather_s", 0.0), 6), "loss": lv,
                         "seeds": bstats["seen"]}) + "\n")
+                    if t_done - last_flush > STEPS_FLUSH_S:
+                        steps_f.flush()
+                        last_flush = t_done
                     bar.update(1)
                     if hasattr(task.data, "postfix"):
                         bar.set_postfix(epoch=epoch, loss=f"{lv:.4f}", **task.data.postfix())

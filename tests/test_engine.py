@@ -55,6 +55,32 @@ def test_page_aligned_neighbour_lists(tmp_path: Path) -> None:
         NeighborReader(arr, indptr, buffer_ids=100)
 
 
+def test_neighbour_lists_across_chunk_files(tmp_path: Path) -> None:
+    """int32 ids in 1,024-id (one page) chunk files: every list, including those that straddle
+    chunk files, reads back exactly, in one Numba pass (no per-list Python path); a list crossing
+    one boundary costs two reads."""
+    rng = np.random.default_rng(1)
+    deg = rng.integers(0, 900, 60)
+    indptr = np.concatenate([[0], np.cumsum(deg)]).astype(np.int64)
+    indices = rng.integers(0, 60, int(indptr[-1])).astype(np.int32)
+    write_array(tmp_path / "ix", indices, chunk_rows=1024)
+    arr = RawArray(tmp_path / "ix")
+    assert arr.num_chunks > 20 and arr.chunk_bytes == 4096
+    for direct in (False, True):
+        r = NeighborReader(arr, indptr, buffer_ids=2048, direct=direct)
+        nodes = rng.permutation(60)
+        ptr, ids = r.read(nodes)
+        assert np.array_equal(ptr[1:], np.cumsum(deg[nodes]))
+        assert np.array_equal(ids, np.concatenate([indices[indptr[v]:indptr[v + 1]] for v in nodes]))
+        r.close()
+    r = NeighborReader(arr, indptr, buffer_ids=4096)
+    v = int(np.flatnonzero((indptr[:-1] // 1024 != (indptr[1:] - 1) // 1024) & (deg > 0)
+                           & (deg < 1024))[0])
+    ptr, ids = r.read(np.array([v]))
+    assert np.array_equal(ids, indices[indptr[v]:indptr[v + 1]]) and r.counters.requests == 2
+    r.close()
+
+
 @pytest.mark.parametrize("replace", [False, True])
 def test_disk_sampler_equals_in_memory_sampler(tmp_path: Path, replace: bool) -> None:
     rng = np.random.default_rng(3)

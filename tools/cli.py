@@ -455,6 +455,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
         names = ["--" + f.name.replace("_", "-")]
         if f.name == "fanouts":
             names = ["--fanout", "--fanouts"]
+        elif f.name == "eval_fanouts":
+            names = ["--eval-fanout", "--eval-fanouts"]
         if tp is bool:
             kw["action"] = argparse.BooleanOptionalAction
         else:
@@ -570,6 +572,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_ooc(bsub)
     from ooc.tools.bench_sample import add_sample_parser
     add_sample_parser(bsub)
+    from ooc.tools.bench_scale import add_bench_scale
+    add_bench_scale(bsub)
 
     info = sub.add_parser("info", help="print counts, dtypes, sizes on disk, partitions")
     info.add_argument("dataset")
@@ -642,7 +646,8 @@ def _join_list_values(argv: list[str]) -> list[str]:
     i = 0
     while i < len(argv):
         a = argv[i]
-        if a in ("--fanout", "--fanouts") and i + 1 < len(argv) and \
+        if a in ("--fanout", "--fanouts", "--eval-fanout", "--eval-fanouts") and \
+                i + 1 < len(argv) and \
                 re.fullmatch(r"-?\d+(,-?\d+)*,?", argv[i + 1]):
             out.append(f"{a}={argv[i + 1]}")
             i += 2

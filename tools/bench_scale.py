@@ -1,0 +1,388 @@
+"""``ooc bench scale``: the billion-edge pipeline end to end, one measured process per stage.
+
+generate (R-MAT with planted labels, straight into the store) -> partition (streaming Fennel) ->
+train ``hybrid`` (one epoch under a memory budget, then sampled evaluation on the validation and
+test splits) -> train ``buffer`` -> (``--small``: an in-memory ``exact`` run, the accuracy
+reference).  Every stage is a fresh ``ooc`` process whose wall time, peak RSS (``ru_maxrss`` from
+``wait4``), bytes read from storage (``/proc/PID/io`` ``read_bytes``, polled) and system swap
+activity (``/proc/vmstat`` ``pswpin``/``pswpout``) are recorded; the page cache is dropped before
+each training stage (root only).  The record is rewritten to ``RESULTS`` (JSON) after every stage,
+so an interrupted run keeps the stages it finished, and a rerun skips stages already recorded as
+done for the same configuration (``--redo`` forces them).
+
+Full run (issue 8): ``ooc bench scale --workdir /work/bench-data/issue8``.
+Small variant (~10 M edges, under 10 minutes on 2 cores): ``ooc bench scale --small``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+__all__ = ["ScaleConfig", "run_scale", "format_table", "add_bench_scale"]
+
+
+@dataclass
+class ScaleConfig:
+    """Sizes and options of one pipeline run.
+
+    Attributes:
+        nodes, edges: N and E (directed R-MAT edges, not symmetrised).
+        feat_dim, classes: feature width D (stored as ``feat_dtype``) and K planted classes.
+        splits: train / valid / test fractions of the nodes.
+        parts: partitions of the streaming partitioner.
+        budget: training memory budget (``--memory-budget``), e.g. ``"8GB"``; empty: no byte
+            budget, ``buffer_parts`` resident partitions (``--buffer-partitions``).
+        prefetch: batches built ahead (each counts in the budget's batches in flight).
+        gen_budget, part_budget: memory budgets of generate and partition.
+        edge_buckets: let ``ooc partition`` write ``partitions/buckets/*`` (2 x the indices on
+            disk; only link prediction's BETA ordering reads them, node training does not).
+        fanouts, batch_size, hidden, epochs: GraphSAGE training options (3 layers for 3 fanouts).
+        eval_fanouts: sampled evaluation fanouts (full neighbourhoods explode on R-MAT).
+        modes: training modes run in order (``hybrid``, ``buffer``, ``exact``; ``exact`` runs with
+            everything in memory, as the accuracy reference).
+        topology: ``--topology`` of the budgeted runs (``disk``: only indptr in memory).
+    """
+
+    nodes: int = 50_000_000
+    edges: int = 1_000_000_000
+    feat_dim: int = 128
+    classes: int = 20
+    feat_dtype: str = "float16"
+    splits: tuple[float, float, float] = (0.011, 0.0022, 0.0022)
+    parts: int = 64
+    budget: str = "8GB"
+    buffer_parts: int = 4
+    prefetch: int = 1
+    gen_budget: str = "2GB"
+    part_budget: str = "2GB"
+    edge_buckets: bool = False
+    fanouts: str = "15,10,5"
+    eval_fanouts: str = "15,10,5"
+    batch_size: int = 1024
+    hidden: int = 64
+    epochs: int = 1
+    modes: tuple[str, ...] = ("hybrid", "buffer")
+    topology: str = "disk"
+    seed: int = 0
+    extra_train_args: list[str] = field(default_factory=list)
+
+    @classmethod
+    def small(cls) -> "ScaleConfig":
+        """The ~10 M-edge variant: 500 K nodes, 10 M edges, the same generator and model, 16
+        partitions of which 4 resident, plus the in-memory reference.
+
+        No byte budget: the planner's bound on the batches in flight (sampled rows without
+        deduplication, ~0.6 GB per 15,10,5 batch here) exceeds the whole 0.17 GB dataset, so a
+        budget that forces partitions out would refuse to run; ``--buffer-partitions`` does."""
+        return cls(nodes=500_000, edges=10_000_000, splits=(0.05, 0.01, 0.01), parts=16,
+                   budget="", buffer_parts=4, gen_budget="512MB", part_budget="256MB",
+                   modes=("hybrid", "buffer", "exact"))
+
+
+def _read_bytes(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            for line in f:
+                if line.startswith("read_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _vmstat_swaps() -> int:
+    n = 0
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                k, v = line.split()
+                if k in ("pswpin", "pswpout"):
+                    n += int(v)
+    except OSError:
+        pass
+    return n
+
+
+def _drop_caches() -> bool:
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def run_stage(cmd: list[str], log_path: Path, poll_s: float = 1.0) -> dict:
+    """Run ``cmd`` with stdout/stderr to ``log_path`` and measure it.
+
+    Returns:
+        ``{"command", "seconds", "peak_rss_bytes", "read_bytes", "system_swaps", "returncode"}`` —
+        ``peak_rss_bytes`` is ``ru_maxrss``, which also counts the parent's pages between fork and
+        exec (this orchestrator imports neither torch nor Numba: ~30 MB); ``read_bytes`` is the last ``/proc/PID/io`` value seen (storage reads of the process,
+        page-cache hits excluded; polled every ``poll_s`` s, so up to ``poll_s`` of reads at the
+        end may be missing), ``system_swaps`` the system's pages swapped in + out meanwhile (the
+        training stages' ``swaps`` are the engine's partition swaps).
+    """
+    sw0 = _vmstat_swaps()
+    t0 = time.perf_counter()
+    with open(log_path, "w") as logf:
+        p = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
+        rb = 0
+        while True:
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            v = _read_bytes(p.pid)
+            rb = v if v is not None else rb
+            time.sleep(poll_s)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return {"command": " ".join(cmd), "seconds": time.perf_counter() - t0,
+            "peak_rss_bytes": ru.ru_maxrss * 1024, "read_bytes": rb,
+            "system_swaps": _vmstat_swaps() - sw0, "returncode": p.returncode}
+
+
+def _du(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _ooc(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ooc.tools.cli", *args]
+
+
+def _train_metrics(run: Path) -> dict:
+    """The figures of a training run directory (metrics.json + the last epoch of metrics.jsonl)."""
+    m = json.loads((run / "metrics.json").read_text())
+    hist = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    last = hist[-1] if hist else {}
+    keep = ("test_acc", "val_acc", "bytes_read", "buffer_hit_ratio", "cache_hit_ratio", "swaps",
+            "row_hits", "row_misses", "peak_rss_bytes", "rss_baseline_bytes", "budget",
+            "resident_partitions", "num_parts", "direct_io", "buffer_bytes", "cache_bytes")
+    out = {k: m[k] for k in keep if k in m}
+    for k in ("train_time_s", "eval_time_s", "seeds_per_s", "edges_per_s", "sampled_edges",
+              "stall_s", "compute_s", "sample_s", "gather_s", "loss", "train_acc", "steps",
+              "topology_bytes_read", "swaps_lower_bound", "planned_swaps", "buffer_states",
+              "load_bandwidth_Bps", "bytes_read_loads"):
+        if k in last:
+            out["epoch_" + k if k in ("bytes_read_loads",) else k] = last[k]
+    if "train_time_s" in out and out["train_time_s"]:
+        out["stall_fraction"] = out.get("stall_s", 0.0) / out["train_time_s"]
+    return out
+
+
+def run_scale(cfg: ScaleConfig, workdir: str | Path, results: str | Path | None = None,
+              drop: bool = True, redo: bool = False, keep: bool = True,
+              stages: tuple[str, ...] | None = None) -> dict:
+    """Run the pipeline of ``cfg`` in ``workdir`` and return (and write) the record.
+
+    Args:
+        cfg: sizes and options.
+        workdir: dataset ``DS`` and run directories ``runs/MODE`` go here; each stage's output
+            goes to ``logs/STAGE.log``.
+        results: JSON file of the record (default ``workdir/scale.json``), rewritten per stage.
+        drop: drop the page cache before each training stage (needs root; recorded).
+        redo: rerun the selected stages even when the results file holds them for this
+            configuration (the other stages' records are kept).
+        keep: keep the dataset at the end (``False``: delete it).
+        stages: subset of ``generate``, ``partition``, ``train-MODE`` to run (default: all).
+
+    Returns:
+        ``{"config", "machine", "date", "stages": {name: figures}, "dataset_bytes", ...}``.
+
+    Raises:
+        RuntimeError: a stage failed (its log is named; earlier stages stay recorded).
+    """
+    work = Path(workdir)
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    res_path = Path(results) if results else work / "scale.json"
+    conf = asdict(cfg)
+    rec: dict = {}
+    if res_path.exists():
+        old = json.loads(res_path.read_text())
+        if old.get("config") == json.loads(json.dumps(conf)):
+            rec = old
+    if not rec:
+        rec = {"config": conf, "stages": {}}
+    rec["machine"] = (f"{platform.node()} {os.cpu_count()} cores "
+                      f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB "
+                      f"{platform.machine()}")
+    ds = work / "DS"
+    all_stages = ["generate", "partition", *[f"train-{m}" for m in cfg.modes]]
+    todo = [s for s in all_stages if stages is None or s in stages]
+
+    def save() -> None:
+        tmp = res_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rec, indent=1))
+        os.replace(tmp, res_path)
+
+    for st in todo:
+        if st in rec["stages"] and rec["stages"][st].get("returncode") == 0 and not redo:
+            continue
+        date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        if st == "generate":
+            cmd = _ooc("generate", "rmat", "--nodes", str(cfg.nodes), "--edges", str(cfg.edges),
+                       "--feat-dim", str(cfg.feat_dim), "--classes", str(cfg.classes),
+                       "--feat-dtype", cfg.feat_dtype, "--splits", ",".join(map(str, cfg.splits)),
+                       "--memory-budget", cfg.gen_budget, "--seed", str(cfg.seed), "--out", str(ds),
+                       "--overwrite")
+        elif st == "partition":
+            cmd = _ooc("partition", str(ds), "--parts", str(cfg.parts), "--method", "stream",
+                       "--memory-budget", cfg.part_budget, "--seed", str(cfg.seed))
+            if not cfg.edge_buckets:
+                cmd.append("--no-edge-buckets")
+        else:
+            mode = st.split("-", 1)[1]
+            run = work / "runs" / mode
+            shutil.rmtree(run, ignore_errors=True)
+            cmd = _ooc("train", str(ds), "--model", "sage", "--fanout", cfg.fanouts,
+                       "--eval-fanout", cfg.eval_fanouts, "--batch-size", str(cfg.batch_size),
+                       "--eval-batch-size", str(cfg.batch_size), "--hidden", str(cfg.hidden),
+                       "--epochs", str(cfg.epochs), "--partitions", str(cfg.parts),
+                       "--seed", str(cfg.seed), "--no-progress", "--output-dir", str(run))
+            if mode == "exact":  # the in-memory reference: everything resident
+                cmd += ["--mode", "exact", "--memory-budget", "1TB", "--topology", "memory"]
+            else:
+                cmd += ["--mode", mode, "--topology", cfg.topology]
+                cmd += (["--memory-budget", cfg.budget] if cfg.budget else
+                        ["--buffer-partitions", str(cfg.buffer_parts)])
+            cmd += ["--prefetch", str(cfg.prefetch), *cfg.extra_train_args]
+        dropped = _drop_caches() if drop and st.startswith("train") else False
+        r = run_stage(cmd, work / "logs" / f"{st}.log")
+        r["command"] = r["command"].replace(f"{sys.executable} -m ooc.tools.cli", "ooc")
+        r.update(date=date, dropped_caches=dropped)
+        if r["returncode"] == 0:
+            if st in ("generate", "partition"):
+                r["dataset_bytes"] = _du(ds)
+                info = json.loads(subprocess.run(_ooc("info", str(ds), "--json"), capture_output=True,
+                                                 text=True).stdout or "{}")
+                man = info.get("manifest", {})
+                r["num_nodes"] = man.get("num_nodes")
+                r["num_edges"] = man.get("directed_edges")
+                if st == "partition":
+                    r["partitioning"] = man.get("partitioning")
+                else:
+                    r["build"] = man.get("build")
+                    r["edges_per_s"] = cfg.edges / r["seconds"]
+            else:
+                r.update(_train_metrics(work / "runs" / st.split("-", 1)[1]))
+        rec["stages"][st] = r
+        save()
+        if r["returncode"] != 0:
+            raise RuntimeError(f"stage {st} failed (exit {r['returncode']}); see "
+                               f"{work / 'logs' / (st + '.log')}")
+    if ds.exists():
+        rec["dataset_bytes"] = _du(ds)
+    if not keep:
+        shutil.rmtree(ds, ignore_errors=True)
+    save()
+    return rec
+
+
+def _gib(b: float | None) -> str:
+    return "–" if b is None else f"{b / 2**30:.2f}"
+
+
+def format_table(rec: dict) -> str:
+    """A plain-text table of the record's stages (wall s, peak RSS GiB, GiB read, accuracy...)."""
+    rows = [("stage", "wall s", "peak RSS GiB", "read GiB", "sys swaps", "notes")]
+    for name, r in rec["stages"].items():
+        notes = ""
+        if name in ("generate", "partition"):
+            notes = f"dataset {_gib(r.get('dataset_bytes'))} GiB"
+            if name == "generate" and r.get("edges_per_s"):
+                notes += f", {r['edges_per_s'] / 1e6:.2f} M edges/s"
+            if name == "partition" and r.get("partitioning"):
+                p = r["partitioning"]
+                notes += f", cut {p.get('cut_fraction', float('nan')):.3f}" if "cut_fraction" in p else ""
+        elif "train_time_s" in r:
+            notes = (f"epoch {r['train_time_s']:.1f} s, eval {r.get('eval_time_s', 0):.1f} s, "
+                     f"{r.get('seeds_per_s', 0):.0f} seeds/s, "
+                     f"{r.get('edges_per_s', 0) / 1e6:.2f} M edges/s, stall "
+                     f"{r.get('stall_fraction', 0):.2f}, hit {r.get('buffer_hit_ratio', 0):.3f}, "
+                     f"cache {r.get('cache_hit_ratio', 0):.3f}, swaps {r.get('swaps', 0)}, "
+                     f"test {r.get('test_acc', float('nan')):.4f}")
+        if r.get("returncode"):
+            notes = f"FAILED (exit {r['returncode']})"
+        rows.append((name, f"{r['seconds']:.1f}", _gib(r["peak_rss_bytes"]), _gib(r.get("read_bytes")),
+                     str(r.get("system_swaps", r.get("swaps", "")) if name in ("generate", "partition")
+                         else r.get("system_swaps", "")),
+                     notes))
+    w = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w[i]) for i, c in enumerate(row)).rstrip() for row in rows)
+
+
+def _cmd_bench_scale(args: argparse.Namespace) -> int:
+    from ooc.tools.cli import _count  # type: ignore[attr-defined]
+    cfg = ScaleConfig.small() if args.small else ScaleConfig()
+    for k in ("nodes", "edges"):
+        v = getattr(args, k)
+        if v is not None:
+            setattr(cfg, k, _count(v) if isinstance(v, str) else v)
+    for k in ("parts", "feat_dim", "classes", "hidden", "batch_size", "buffer_parts", "prefetch"):
+        v = getattr(args, k)
+        if v is not None:
+            setattr(cfg, k, v)
+    for k in ("budget", "gen_budget", "part_budget", "fanouts", "eval_fanouts", "topology"):
+        v = getattr(args, k)
+        if v is not None:
+            setattr(cfg, k, v)
+    if args.modes:
+        cfg.modes = tuple(args.modes.split(","))
+    if args.splits:
+        cfg.splits = tuple(float(x) for x in args.splits.split(","))  # type: ignore[assignment]
+    work = Path(args.workdir or ("/work/bench-data/issue8/small" if args.small
+                                 else "/work/bench-data/issue8/full"))
+    stages = tuple(args.stages.split(",")) if args.stages else None
+    try:
+        rec = run_scale(cfg, work, args.results, drop=not args.no_drop_caches, redo=args.redo,
+                        keep=not args.delete, stages=stages)
+    except RuntimeError as e:
+        print(f"ooc bench scale: {e}", file=sys.stderr)
+        res = Path(args.results) if args.results else work / "scale.json"
+        if res.exists():
+            print(format_table(json.loads(res.read_text())))
+        return 1
+    print(format_table(rec))
+    return 0
+
+
+def add_bench_scale(bsub: argparse._SubParsersAction) -> None:
+    """Register ``ooc bench scale`` on the subparsers of ``ooc bench``."""
+    p = bsub.add_parser("scale", help="billion-edge pipeline: generate, partition, train, evaluate",
+                        description=__doc__.split("\n\n")[1] if __doc__ else None)
+    p.add_argument("--small", action="store_true",
+                   help="the ~10 M-edge variant (500 K nodes, budget 100MB, + in-memory reference)")
+    p.add_argument("--workdir", help="default /work/bench-data/issue8/{full,small}")
+    p.add_argument("--results", help="JSON record (default WORKDIR/scale.json)")
+    p.add_argument("--nodes")
+    p.add_argument("--edges")
+    p.add_argument("--parts", type=int)
+    p.add_argument("--feat-dim", type=int)
+    p.add_argument("--classes", type=int)
+    p.add_argument("--hidden", type=int)
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--splits", help="train,valid,test fractions")
+    p.add_argument("--budget", help="training --memory-budget (default 8GB; small and '': none, "
+                                    "--buffer-parts resident partitions)")
+    p.add_argument("--buffer-parts", type=int, help="resident partitions without a byte budget")
+    p.add_argument("--prefetch", type=int, help="batches built ahead (default 1)")
+    p.add_argument("--gen-budget")
+    p.add_argument("--part-budget")
+    p.add_argument("--fanouts")
+    p.add_argument("--eval-fanouts")
+    p.add_argument("--topology", choices=["memory", "mmap", "disk"])
+    p.add_argument("--modes", help="comma-separated training modes (default hybrid,buffer)")
+    p.add_argument("--stages", help="only these stages, e.g. generate,partition")
+    p.add_argument("--redo", action="store_true", help="rerun stages already recorded")
+    p.add_argument("--delete", action="store_true", help="delete the dataset at the end")
+    p.add_argument("--no-drop-caches", action="store_true")
+    p.set_defaults(func=_cmd_bench_scale)
