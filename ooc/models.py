@@ -385,7 +385,8 @@ class GNN(nn.Module):
         residual: add ``x_v`` (or a linear projection of it when sizes differ) to each layer's output.
         norm: ``none``, ``batch`` (BatchNorm1d) or ``layer`` (LayerNorm) after hidden layers.
         activation: ``relu`` or ``elu`` (the GAT paper's).
-        gin_eps: initial epsilon of GIN layers; gin_train_eps: learn it.
+        gin_eps: initial epsilon of GIN layers; gin_train_eps: learn it.  Every GIN layer's MLP is
+            ``hidden`` wide (``Linear(dims[i], hidden) -> ReLU -> Linear(hidden, dims[i+1])``).
 
     Shapes:
         forward(blocks, x): ``x`` [blocks[0].num_src, in_dim] -> [blocks[-1].num_dst, out_dim].
@@ -427,7 +428,10 @@ class GNN(nn.Module):
                     layers.append(GATConv(dims[i], dims[i + 1] // heads, heads, concat=True,
                                           attn_dropout=attn_dropout))
             else:
-                layers.append(GINConv(dims[i], dims[i + 1], eps=gin_eps, train_eps=gin_train_eps))
+                # the MLP is `hidden` wide in every layer (Xu et al.), also in the output layer,
+                # whose MLP would otherwise squeeze through `out_dim` (the class count) units
+                layers.append(GINConv(dims[i], dims[i + 1], hidden=hidden, eps=gin_eps,
+                                      train_eps=gin_train_eps))
         self.layers = nn.ModuleList(layers)
         self.residuals = nn.ModuleList(
             [(nn.Identity() if dims[i] == dims[i + 1] else nn.Linear(dims[i], dims[i + 1], bias=False))

@@ -195,6 +195,13 @@ def test_gin_matches_dense_formula_and_learns_eps() -> None:
                                                          "mlp.2.bias"]
 
 
+def test_gin_mlp_is_hidden_wide_in_every_layer() -> None:
+    # the output layer's MLP must not squeeze through the class count (3) units
+    net = build_model("gin", 6, 16, 3, num_layers=2, dropout=0.5)
+    shapes = [(c.mlp[0].in_features, c.mlp[0].out_features, c.mlp[2].out_features) for c in net.layers]
+    assert shapes == [(6, 16, 16), (16, 16, 3)]
+
+
 def test_sampled_sum_is_rescaled_to_full_degree() -> None:
     # node 0 has full in-degree 4 but only 2 sampled neighbours: the sum is scaled by 4 / 2
     b = TorchBlock(3, 1, torch.tensor([1, 2]), torch.tensor([0, 0]), torch.tensor([4.0, 1.0, 1.0]),
