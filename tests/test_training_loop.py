@@ -194,3 +194,33 @@ def test_cli_accepts_negative_fanouts(planted_dataset: Path, tmp_path: Path) -> 
     assert main(["train", str(planted_dataset), "--fanout", "-1,-1", "--epochs", "1", "--partitions", "8",
                  "--hidden", "8", "--output-dir", str(tmp_path / "r"), "--no-progress"]) == 0
     assert json.loads((tmp_path / "r" / "config.json").read_text())["fanouts"] == [-1, -1]
+
+
+# ---------------------------------------------------------------- accuracy-table configs (issue 6)
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def test_table_configs_load_and_hold_the_published_settings() -> None:
+    cfgs = {p.stem: TrainConfig.from_sources(p) for p in sorted(CONFIGS.glob("*.yaml"))}
+    assert set(cfgs) >= {f"{d}-{m}" for d in ("cora", "citeseer") for m in ("gcn", "gat", "sage", "gin")} | \
+        {"actor-sage", "actor-gcn"}
+    for name, cfg in cfgs.items():
+        cfg.validate()
+        assert cfg.model == name.split("-")[1] and cfg.fanouts == [-1, -1] and cfg.feat_norm == "row"
+        assert cfg.eval_mode == "layerwise" and cfg.batch_size >= 3648  # full batch (Actor: 3648 train)
+    gat = cfgs["cora-gat"]  # Velickovic et al.: 8 heads x 8 hidden, 1 output head, dropout 0.6 twice
+    assert (gat.heads, gat.hidden, gat.out_heads, gat.dropout, gat.attn_dropout, gat.lr,
+            gat.weight_decay, gat.patience, gat.activation) == (8, 64, 1, 0.6, 0.6, 0.005, 5e-4, 100, "elu")
+    gcn = cfgs["cora-gcn"]  # Kipf & Welling: 16 hidden, dropout 0.5, lr 0.01, L2 5e-4 on layer 1, 200 epochs
+    assert (gcn.hidden, gcn.dropout, gcn.lr, gcn.weight_decay, gcn.weight_decay_scope, gcn.epochs) == \
+        (16, 0.5, 0.01, 5e-4, "first", 200)
+    assert cfgs["actor-sage"].dataset == "data/actor/split{i}"
+
+
+def test_split_placeholder_in_a_single_run(planted_dataset: Path, tmp_path: Path) -> None:
+    # data/actor/split{i} of a --repeat config names split0 when the run is alone
+    (tmp_path / "split0").symlink_to(planted_dataset, target_is_directory=True)
+    run = tmp_path / "run"
+    assert main(["train", str(tmp_path / "split{i}"), "--epochs", "1", "--fanout", "3,3", "--hidden", "8",
+                 "--no-progress", "--output-dir", str(run)]) == 0
+    assert yaml.safe_load((run / "config.yaml").read_text())["data"]["dataset"] == str(tmp_path / "split0")
