@@ -210,7 +210,8 @@ def test_table_configs_load_and_hold_the_published_settings() -> None:
         assert cfg.eval_mode == "layerwise" and cfg.batch_size >= 3648  # full batch (Actor: 3648 train)
     gat = cfgs["cora-gat"]  # Velickovic et al.: 8 heads x 8 hidden, 1 output head, dropout 0.6 twice
     assert (gat.heads, gat.hidden, gat.out_heads, gat.dropout, gat.attn_dropout, gat.lr,
-            gat.weight_decay, gat.patience, gat.activation) == (8, 64, 1, 0.6, 0.6, 0.005, 5e-4, 100, "elu")
+            gat.weight_decay, gat.patience * gat.eval_every, gat.activation) == \
+        (8, 64, 1, 0.6, 0.6, 0.005, 5e-4, 100, "elu")
     gcn = cfgs["cora-gcn"]  # Kipf & Welling: 16 hidden, dropout 0.5, lr 0.01, L2 5e-4 on layer 1, 200 epochs
     assert (gcn.hidden, gcn.dropout, gcn.lr, gcn.weight_decay, gcn.weight_decay_scope, gcn.epochs) == \
         (16, 0.5, 0.01, 5e-4, "first", 200)
