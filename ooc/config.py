@@ -169,6 +169,11 @@ class TrainConfig:
     lr_gamma: float = _opt(0.5, "train", "step / plateau decay factor")
     patience: int = _opt(0, "train", "early stopping after N evaluations without a better "
                          "validation score (0 = off)")
+    early_stop: str = _opt("score", "train", "what counts as progress for --patience and the best "
+                           "model: score (a better validation score) or score_or_loss (the GAT "
+                           "paper's rule: patience restarts when the validation score or loss is at "
+                           "least as good as ever; the best model is the latest that is at least as "
+                           "good in both)", choices=("score", "score_or_loss"))
     amp: bool = _opt(False, "train", "mixed precision (autocast + GradScaler) on CUDA; "
                      "ignored on CPU")
     device: str = _opt("auto", "train", "auto (CUDA when available), cpu or cuda[:i]")
@@ -327,6 +332,8 @@ class TrainConfig:
         if not (0 <= self.val_frac < 1 and 0 <= self.test_frac < 1 and
                 self.val_frac + self.test_frac < 1):
             raise ValueError(f"val_frac {self.val_frac} + test_frac {self.test_frac} must be in [0, 1)")
+        if self.task == "link" and self.early_stop != "score":
+            raise ValueError("early_stop score_or_loss needs a validation loss: task node only")
         if self.task == "link" and self.neg_ratio < 1:
             raise ValueError("link prediction needs neg_ratio >= 1")
         if self.device_cache:

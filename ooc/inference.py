@@ -195,9 +195,13 @@ def evaluate_node_layerwise(model: GNN, task: "NodeTask", device: torch.device |
                                keep=(model.num_layers - 1,))
     logits = outs[model.num_layers - 1]
     labels = task.ds.labels
+    from ooc.train import node_loss_sum
     res = {}
     for k, ids in (("val_acc", task.val_ids), ("test_acc", task.test_ids)):
         res[k] = _node_scores(logits.gather(ids), labels, ids, task.multilabel)
+    val_logits = torch.from_numpy(np.ascontiguousarray(logits.gather(task.val_ids)))
+    s, n = node_loss_sum(val_logits, torch.from_numpy(np.asarray(labels[task.val_ids])), task.multilabel)
+    res["val_loss"] = s / max(n, 1)
     logits.close()
     return res
 

@@ -212,7 +212,16 @@ class SAGEConv(nn.Module):
         x_dst = x[: block.num_dst]
         if self.aggregator == "max":
             agg = aggregate(block, torch.relu(self.pool(x)), "max")
-        elif block.edge_weight is not None:
+            return self.lin_self(x_dst) + self.lin_neigh(agg)
+        if self.lin_neigh.in_features > self.lin_neigh.out_features:
+            # mean and sum are linear and commute with the bias-free W_neigh: transform first, so
+            # the per-edge messages are out_dim wide instead of in_dim (Actor: 64 instead of 932)
+            return self.lin_self(x_dst) + self._aggregate(block, self.lin_neigh(x))
+        return self.lin_self(x_dst) + self.lin_neigh(self._aggregate(block, x))
+
+    def _aggregate(self, block: TorchBlock, x: Tensor) -> Tensor:
+        """Mean or (degree-scaled) sum of ``x`` [num_src, F] over the sampled in-edges -> [num_dst, F]."""
+        if block.edge_weight is not None:
             # importance-weighted sum estimates the full neighbourhood sum; mean = sum / in-degree
             w = block.edge_weight.unsqueeze(1).to(x.dtype)
             agg = _aggregate_sum(block, x.index_select(0, block.src) * w)
@@ -222,7 +231,7 @@ class SAGEConv(nn.Module):
             agg = aggregate(block, x, "sum") * _sum_scale(block).to(x.dtype)
         else:
             agg = aggregate(block, x, "mean")
-        return self.lin_self(x_dst) + self.lin_neigh(agg)
+        return agg
 
 
 class GCNConv(nn.Module):
@@ -363,6 +372,14 @@ class GINConv(nn.Module):
             self.register_buffer("eps", torch.tensor([float(eps)]))
 
     def forward(self, block: TorchBlock, x: Tensor) -> Tensor:
+        first = self.mlp[0]
+        if first.in_features > first.out_features:
+            # the MLP's first Linear commutes with the (linear) neighbour sum: apply it first, so
+            # the per-edge messages are `hidden` wide instead of in_dim (same function)
+            h = nn.functional.linear(x, first.weight)
+            agg = aggregate(block, h, "sum") * _sum_scale(block).to(h.dtype)
+            z = (1 + self.eps) * h[: block.num_dst] + agg + first.bias
+            return self.mlp[2](self.mlp[1](z))
         agg = aggregate(block, x, "sum") * _sum_scale(block).to(x.dtype)
         return self.mlp((1 + self.eps) * x[: block.num_dst] + agg)
 
@@ -385,7 +402,8 @@ class GNN(nn.Module):
         residual: add ``x_v`` (or a linear projection of it when sizes differ) to each layer's output.
         norm: ``none``, ``batch`` (BatchNorm1d) or ``layer`` (LayerNorm) after hidden layers.
         activation: ``relu`` or ``elu`` (the GAT paper's).
-        gin_eps: initial epsilon of GIN layers; gin_train_eps: learn it.
+        gin_eps: initial epsilon of GIN layers; gin_train_eps: learn it.  Every GIN layer's MLP is
+            ``hidden`` wide (``Linear(dims[i], hidden) -> ReLU -> Linear(hidden, dims[i+1])``).
 
     Shapes:
         forward(blocks, x): ``x`` [blocks[0].num_src, in_dim] -> [blocks[-1].num_dst, out_dim].
@@ -427,7 +445,10 @@ class GNN(nn.Module):
                     layers.append(GATConv(dims[i], dims[i + 1] // heads, heads, concat=True,
                                           attn_dropout=attn_dropout))
             else:
-                layers.append(GINConv(dims[i], dims[i + 1], eps=gin_eps, train_eps=gin_train_eps))
+                # the MLP is `hidden` wide in every layer (Xu et al.), also in the output layer,
+                # whose MLP would otherwise squeeze through `out_dim` (the class count) units
+                layers.append(GINConv(dims[i], dims[i + 1], hidden=hidden, eps=gin_eps,
+                                      train_eps=gin_train_eps))
         self.layers = nn.ModuleList(layers)
         self.residuals = nn.ModuleList(
             [(nn.Identity() if dims[i] == dims[i + 1] else nn.Linear(dims[i], dims[i + 1], bias=False))

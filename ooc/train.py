@@ -220,22 +220,59 @@ def evaluate(model: nn.Module, loader: BatchLoader, ids: np.ndarray, num_layers:
     Raises:
         ValueError: ``fanouts`` does not have ``num_layers`` entries.
     """
+    return evaluate_with_loss(model, loader, ids, num_layers, batch_size, device, multilabel,
+                              fanouts)[0]
+
+
+def evaluate_with_loss(model: nn.Module, loader: BatchLoader, ids: np.ndarray, num_layers: int,
+                       batch_size: int, device: torch.device | str = "cpu",
+                       multilabel: bool = False,
+                       fanouts: list[int] | None = None) -> tuple[float, float]:
+    """:func:`evaluate` and the mean loss on ``ids`` (cross-entropy, or binary cross-entropy when
+    ``multilabel``; nodes labelled -1 are left out of the multi-class loss).
+
+    Returns:
+        ``(score in [0, 1], loss)``; ``(0.0, 0.0)`` if ``ids`` is empty.
+
+    Raises:
+        ValueError: ``fanouts`` does not have ``num_layers`` entries.
+    """
     fo = list(fanouts) if fanouts else [-1] * num_layers
     if len(fo) != num_layers:
         raise ValueError(f"evaluation fanouts {fo} need {num_layers} entries (one per layer)")
     if ids.shape[0] == 0:
-        return 0.0
+        return 0.0, 0.0
     device = torch.device(device)
     model.eval()
     correct = total = tp = err = 0
-    for i in range(0, ids.shape[0], batch_size):
-        b = loader.make_batch(i, ids[i:i + batch_size], epoch=-1, fanouts=fo)
-        blocks, x = _to_device(b, device)
-        c, t, p, e = _scores(model(blocks, x).float().cpu(), b.y, multilabel)
-        correct, total, tp, err = correct + c, total + t, tp + p, err + e
+    loss_sum, loss_n = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, ids.shape[0], batch_size):
+            b = loader.make_batch(i, ids[i:i + batch_size], epoch=-1, fanouts=fo)
+            blocks, x = _to_device(b, device)
+            logits = model(blocks, x).float().cpu()
+            c, t, p, e = _scores(logits, b.y, multilabel)
+            correct, total, tp, err = correct + c, total + t, tp + p, err + e
+            s, n = node_loss_sum(logits, b.y, multilabel)
+            loss_sum, loss_n = loss_sum + s, loss_n + n
+    loss = loss_sum / max(loss_n, 1)
     if multilabel:
-        return 2 * tp / max(2 * tp + err, 1)
-    return correct / total
+        return 2 * tp / max(2 * tp + err, 1), loss
+    return correct / total, loss
+
+
+def node_loss_sum(logits: torch.Tensor, y: torch.Tensor, multilabel: bool) -> tuple[float, int]:
+    """Summed loss of a node task and the number of terms: cross-entropy over the nodes whose label
+    is not -1 (``logits`` [n, C], ``y`` int [n]), or binary cross-entropy over every entry
+    (``y`` [n, C] 0/1)."""
+    if multilabel:
+        return float(nn.functional.binary_cross_entropy_with_logits(
+            logits, y.float(), reduction="sum")), int(y.numel())
+    keep = y >= 0
+    if not bool(keep.any()):
+        return 0.0, 0
+    return float(nn.functional.cross_entropy(logits[keep], y[keep].long(), reduction="sum")), \
+        int(keep.sum())
 
 
 class NodeTask:
@@ -343,9 +380,11 @@ class NodeTask:
                                            Path(self.cfg.output_dir) / "inference" if big else None)
         nl = len(self.cfg.fanouts)
         fo = evaluation_fanouts(self.cfg)
-        return {k: evaluate(model, self.data.loader, ids, nl, self.cfg.eval_batch_size, device,
-                            self.multilabel, fo)
-                for k, ids in (("val_acc", self.val_ids), ("test_acc", self.test_ids))}
+        val, val_loss = evaluate_with_loss(model, self.data.loader, self.val_ids, nl,
+                                           self.cfg.eval_batch_size, device, self.multilabel, fo)
+        return {"val_acc": val, "val_loss": val_loss,
+                "test_acc": evaluate(model, self.data.loader, self.test_ids, nl,
+                                     self.cfg.eval_batch_size, device, self.multilabel, fo)}
 
     def close(self) -> None:
         self.data.close()
@@ -438,6 +477,8 @@ class _State:
     history: list = field(default_factory=list)
     best_val: float = -1.0
     best_test: float = 0.0
+    top_val: float = -1.0             # early_stop score_or_loss: best score and loss seen so far
+    min_val_loss: float = float("inf")
     best_epoch: int = -1
     bad_evals: int = 0
     stopped_early: bool = False
@@ -447,6 +488,23 @@ class _State:
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def _gat_rule(st: _State, val: float, scores: dict) -> tuple[bool, bool]:
+    """Early stopping of Velickovic et al. (GAT reference code): ``(better, progress)`` for one
+    evaluation.  ``progress`` (patience restarts) when the validation score is at least the best
+    score so far *or* the validation loss at most the lowest so far; ``better`` (keep this model)
+    when both hold.  Updates the running best score and lowest loss in ``st``.
+
+    Raises:
+        ValueError: the evaluation has no ``val_loss``.
+    """
+    if "val_loss" not in scores:
+        raise ValueError("early_stop score_or_loss: this evaluation reports no val_loss")
+    loss = float(scores["val_loss"])
+    up, down = val >= st.top_val, loss <= st.min_val_loss
+    st.top_val, st.min_val_loss = max(st.top_val, val), min(st.min_val_loss, loss)
+    return up and down, up or down
 
 
 def _fresh_acc() -> dict:
@@ -701,10 +759,15 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
                 rec.update(scores)
                 rec["eval_time_s"] = time.perf_counter() - te
                 val = scores[task.select]
-                if val > st.best_val:
+                if cfg.early_stop == "score_or_loss":
+                    better, progress = _gat_rule(st, val, scores)
+                else:
+                    better = progress = val > st.best_val
+                if better:
                     st.best_val, st.best_test, st.best_epoch = val, scores[task.test_key], epoch
-                    st.bad_evals = 0
                     _save_atomic(model.state_dict(), out / "model.pt")
+                if progress:
+                    st.bad_evals = 0
                 else:
                     st.bad_evals += 1
                 if cfg.patience and st.bad_evals >= cfg.patience:

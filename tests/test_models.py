@@ -195,6 +195,38 @@ def test_gin_matches_dense_formula_and_learns_eps() -> None:
                                                          "mlp.2.bias"]
 
 
+@pytest.mark.parametrize("in_dim,out_dim", [(9, 2), (2, 9)])  # transform-first and aggregate-first paths
+@pytest.mark.parametrize("aggregator", ["mean", "sum"])
+def test_sage_matches_dense_formula_either_order(in_dim: int, out_dim: int, aggregator: str) -> None:
+    torch.manual_seed(6)
+    layer = SAGEConv(in_dim, out_dim, aggregator)
+    b = TorchBlock.from_edges(6, 4, src=[1, 2, 4, 0, 5, 5], dst=[0, 0, 0, 1, 1, 2])
+    x = torch.randn(6, in_dim)
+    a = _dense_adj(4, 6, b.src, b.dst)
+    if aggregator == "mean":
+        a = a / a.sum(1, keepdim=True).clamp(min=1)
+    expect = layer.lin_self(x[:4]) + (a @ x) @ layer.lin_neigh.weight.T
+    assert torch.allclose(layer(b, x), expect, atol=1e-5)
+    assert layer(b, x)[3].tolist() == pytest.approx(layer.lin_self(x[3]).tolist(), abs=1e-6)  # no edge
+
+
+@pytest.mark.parametrize("in_dim,hidden", [(9, 3), (3, 9)])  # transform-first and aggregate-first paths
+def test_gin_matches_dense_formula_either_order(in_dim: int, hidden: int) -> None:
+    torch.manual_seed(7)
+    layer = GINConv(in_dim, 2, hidden=hidden, eps=0.5)
+    b = TorchBlock.from_edges(6, 4, src=[1, 2, 4, 0, 5, 5], dst=[0, 0, 0, 1, 1, 2])
+    x = torch.randn(6, in_dim)
+    expect = layer.mlp(1.5 * x[:4] + _dense_adj(4, 6, b.src, b.dst) @ x)
+    assert torch.allclose(layer(b, x), expect, atol=1e-5)
+
+
+def test_gin_mlp_is_hidden_wide_in_every_layer() -> None:
+    # the output layer's MLP must not squeeze through the class count (3) units
+    net = build_model("gin", 6, 16, 3, num_layers=2, dropout=0.5)
+    shapes = [(c.mlp[0].in_features, c.mlp[0].out_features, c.mlp[2].out_features) for c in net.layers]
+    assert shapes == [(6, 16, 16), (16, 16, 3)]
+
+
 def test_sampled_sum_is_rescaled_to_full_degree() -> None:
     # node 0 has full in-degree 4 but only 2 sampled neighbours: the sum is scaled by 4 / 2
     b = TorchBlock(3, 1, torch.tensor([1, 2]), torch.tensor([0, 0]), torch.tensor([4.0, 1.0, 1.0]),

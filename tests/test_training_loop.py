@@ -123,6 +123,47 @@ def test_early_stopping_and_best_model(planted_dataset: Path, tmp_path: Path) ->
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 3
 
 
+def test_gat_early_stopping_rule_sequence() -> None:
+    from ooc.train import _gat_rule, _State
+    st = _State()
+    seq = [(0.5, 1.0), (0.6, 1.1), (0.55, 0.9), (0.6, 0.8), (0.58, 0.85), (0.61, 0.95)]
+    got = [_gat_rule(st, acc, {"val_loss": loss}) for acc, loss in seq]
+    # (better = keep the model, progress = restart patience)
+    assert got == [(True, True), (False, True), (False, True), (True, True), (False, False), (False, True)]
+    assert (st.top_val, st.min_val_loss) == (0.61, 0.8)
+    with pytest.raises(ValueError, match="no val_loss"):
+        _gat_rule(st, 0.7, {})
+
+
+def test_gat_early_stopping_keeps_ties_and_does_not_stop_on_them(planted_dataset: Path,
+                                                                 tmp_path: Path) -> None:
+    # lr 0: every evaluation ties the best score and loss; the score rule stops after `patience`
+    # evaluations (test above), the GAT rule counts a tie as progress and keeps the latest model
+    m = train(_cfg(planted_dataset, tmp_path / "run", epochs=4, lr=0.0, patience=2,
+                   early_stop="score_or_loss"))
+    assert not m["stopped_early"] and m["epochs_run"] == 4 and m["best_epoch"] == 3
+    assert len({h["val_loss"] for h in m["history"]}) == 1
+
+
+def test_val_loss_same_in_layerwise_and_sampled_evaluation(planted_dataset: Path, tmp_path: Path) -> None:
+    runs = {mode: train(_cfg(planted_dataset, tmp_path / mode, epochs=3, eval_mode=mode,
+                             early_stop="score_or_loss", patience=5))
+            for mode in ("layerwise", "sampled")}
+    a, b = ([h["val_loss"] for h in runs[k]["history"]] for k in ("layerwise", "sampled"))
+    assert a == pytest.approx(b, rel=1e-5) and 0.05 < a[-1] < a[0] < 2.0  # learning: the loss drops
+    assert runs["layerwise"]["losses"] == runs["sampled"]["losses"]
+    # the best epoch is the latest one at least as good as all before in score and loss
+    hist = runs["layerwise"]["history"]
+    best = max(i for i, h in enumerate(hist) if all(h["val_acc"] >= g["val_acc"] and
+                                                    h["val_loss"] <= g["val_loss"] for g in hist[:i]))
+    assert runs["layerwise"]["best_epoch"] == best
+
+
+def test_early_stop_rule_needs_a_node_task() -> None:
+    with pytest.raises(ValueError, match="task node only"):
+        TrainConfig(dataset="d", task="link", early_stop="score_or_loss").validate()
+
+
 def test_lr_schedule_and_logs(planted_dataset: Path, tmp_path: Path) -> None:
     m = train(_cfg(planted_dataset, tmp_path / "run", epochs=3, lr_schedule="step", lr_step=1,
                    lr_gamma=0.5))
@@ -194,3 +235,34 @@ def test_cli_accepts_negative_fanouts(planted_dataset: Path, tmp_path: Path) -> 
     assert main(["train", str(planted_dataset), "--fanout", "-1,-1", "--epochs", "1", "--partitions", "8",
                  "--hidden", "8", "--output-dir", str(tmp_path / "r"), "--no-progress"]) == 0
     assert json.loads((tmp_path / "r" / "config.json").read_text())["fanouts"] == [-1, -1]
+
+
+# ---------------------------------------------------------------- accuracy-table configs (issue 6)
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def test_table_configs_load_and_hold_the_published_settings() -> None:
+    cfgs = {p.stem: TrainConfig.from_sources(p) for p in sorted(CONFIGS.glob("*.yaml"))}
+    assert set(cfgs) >= {f"{d}-{m}" for d in ("cora", "citeseer") for m in ("gcn", "gat", "sage", "gin")} | \
+        {"actor-sage", "actor-gcn"}
+    for name, cfg in cfgs.items():
+        cfg.validate()
+        assert cfg.model == name.split("-")[1] and cfg.fanouts == [-1, -1] and cfg.feat_norm == "row"
+        assert cfg.eval_mode == "layerwise" and cfg.batch_size >= 3648  # full batch (Actor: 3648 train)
+    gat = cfgs["cora-gat"]  # Velickovic et al.: 8 heads x 8 hidden, 1 output head, dropout 0.6 twice
+    assert (gat.heads, gat.hidden, gat.out_heads, gat.dropout, gat.attn_dropout, gat.lr,
+            gat.weight_decay, gat.patience * gat.eval_every, gat.activation, gat.early_stop) == \
+        (8, 64, 1, 0.6, 0.6, 0.005, 5e-4, 100, "elu", "score_or_loss")
+    gcn = cfgs["cora-gcn"]  # Kipf & Welling: 16 hidden, dropout 0.5, lr 0.01, L2 5e-4 on layer 1, 200 epochs
+    assert (gcn.hidden, gcn.dropout, gcn.lr, gcn.weight_decay, gcn.weight_decay_scope, gcn.epochs) == \
+        (16, 0.5, 0.01, 5e-4, "first", 200)
+    assert cfgs["actor-sage"].dataset == "data/actor/split{i}"
+
+
+def test_split_placeholder_in_a_single_run(planted_dataset: Path, tmp_path: Path) -> None:
+    # data/actor/split{i} of a --repeat config names split0 when the run is alone
+    (tmp_path / "split0").symlink_to(planted_dataset, target_is_directory=True)
+    run = tmp_path / "run"
+    assert main(["train", str(tmp_path / "split{i}"), "--epochs", "1", "--fanout", "3,3", "--hidden", "8",
+                 "--no-progress", "--output-dir", str(run)]) == 0
+    assert yaml.safe_load((run / "config.yaml").read_text())["data"]["dataset"] == str(tmp_path / "split0")

@@ -305,6 +305,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if spec is not None:
         return _cmd_train_distributed(args, base, spec)
     if args.repeat <= 1:
+        if not args.resume:  # a --repeat config (data/actor/split{i}) also runs alone: seed, i = 0
+            base.dataset = base.dataset.format(seed=base.seed, i=0)
         m = train(base, resume=bool(args.resume))
         _print_summary(m)
         print(f"metrics       {Path(base.output_dir) / 'metrics.json'}")
