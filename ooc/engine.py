@@ -28,9 +28,8 @@ and autograd workspace) is the stated fixed overhead on top (``rss_baseline_byte
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
+from contextlib import closing
 from dataclasses import asdict, dataclass, field
 from typing import Iterator
 
@@ -45,7 +44,7 @@ from ooc.io import ALIGN, DiskRows, NeighborReader, aligned_empty
 from ooc.kernels.disk_sampling import sample_blocks_lists
 from ooc.kernels.rng import batch_key
 from ooc.kernels.sampling import sample_blocks
-from ooc.loader import Batch
+from ooc.loader import Batch, prefetched
 from ooc.models import to_torch_blocks
 from ooc.ordering import ORDERINGS, count_swaps, node_states, node_swap_lower_bound
 from ooc.storage.dataset import Dataset
@@ -747,55 +746,14 @@ class EngineLoader:
 
     def iterate(self, plan: EnginePlan, epoch: int, start: int = 0) -> Iterator[Batch]:
         """Yield batches ``start..`` of ``plan`` in order (``start > 0`` resumes mid-epoch)."""
-        n = len(plan.batches)
-        if self.prefetch <= 0:
-            for i in range(start, n):
-                t = time.perf_counter()
-                b = self._build(plan, i, epoch)
-                self.stall_s += time.perf_counter() - t
-                self.position = (epoch, i + 1)
+        with closing(prefetched(lambda i: self._build(plan, i, epoch), start, len(plan.batches),
+                                self.prefetch, self._add_stall)) as it:
+            for b in it:
+                self.position = (epoch, b.index + 1)
                 yield b
-            return
-        q: queue.Queue = queue.Queue(maxsize=self.prefetch)
-        stop = threading.Event()
 
-        def produce() -> None:
-            try:
-                for i in range(start, n):
-                    if stop.is_set():
-                        return
-                    item = self._build(plan, i, epoch)
-                    while not stop.is_set():
-                        try:
-                            q.put(item, timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                q.put(None)
-            except BaseException as e:  # forwarded to the consumer
-                q.put(e)
-
-        th = threading.Thread(target=produce, name="ooc-loader", daemon=True)
-        th.start()
-        try:
-            while True:
-                t = time.perf_counter()
-                item = q.get()
-                self.stall_s += time.perf_counter() - t
-                if item is None:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                self.position = (epoch, item.index + 1)
-                yield item
-        finally:
-            stop.set()
-            while th.is_alive():
-                try:
-                    q.get_nowait()
-                except queue.Empty:
-                    pass
-                th.join(timeout=0.05)
+    def _add_stall(self, seconds: float) -> None:
+        self.stall_s += seconds
 
 
 # ------------------------------------------------------------------------------------------ warm-up

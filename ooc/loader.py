@@ -11,8 +11,9 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from contextlib import closing
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
 import torch
@@ -22,7 +23,9 @@ from ooc.kernels.rng import batch_key
 from ooc.kernels.sampling import sample_blocks
 from ooc.models import TorchBlock, to_torch_blocks
 
-__all__ = ["Batch", "EpochPlan", "plan_epoch", "plan_from_batches", "BatchLoader"]
+__all__ = ["Batch", "EpochPlan", "plan_epoch", "plan_from_batches", "prefetched", "BatchLoader"]
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -120,6 +123,64 @@ class Batch:
             return torch.nn.functional.cross_entropy(logits, self.y)
         per = torch.nn.functional.cross_entropy(logits, self.y, reduction="none")
         return (per * self.loss_weight).sum()
+
+
+def prefetched(build: Callable[[int], T], start: int, stop: int, depth: int,
+               on_wait: Callable[[float], None]) -> Iterator[T]:
+    """Yield ``build(i)`` for ``i`` in ``start..stop-1`` in order, built ``depth`` ahead on a
+    background thread (``depth <= 0``: built in the caller's thread).
+
+    ``on_wait(seconds)`` receives the time the consumer waited for each item (the I/O + sampling
+    stall).  An exception raised by ``build`` is re-raised in the consumer; closing the generator
+    stops the producer thread and drops the items it built ahead.  Used by
+    :meth:`BatchLoader.iterate` and :meth:`ooc.engine.EngineLoader.iterate`.
+    """
+    if depth <= 0:
+        for i in range(start, stop):
+            t = time.perf_counter()
+            item = build(i)
+            on_wait(time.perf_counter() - t)
+            yield item
+        return
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    halt = threading.Event()
+
+    def produce() -> None:
+        try:
+            for i in range(start, stop):
+                if halt.is_set():
+                    return
+                item = build(i)
+                while not halt.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+            q.put(None)
+        except BaseException as e:  # forwarded to the consumer
+            q.put(e)
+
+    th = threading.Thread(target=produce, name="ooc-loader", daemon=True)
+    th.start()
+    try:
+        while True:
+            t = time.perf_counter()
+            got = q.get()
+            on_wait(time.perf_counter() - t)
+            if got is None:
+                break
+            if isinstance(got, BaseException):
+                raise got
+            yield got
+    finally:
+        halt.set()
+        while th.is_alive():
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                pass
+            th.join(timeout=0.05)
 
 
 class BatchLoader:
@@ -223,49 +284,9 @@ class BatchLoader:
             return self.make_batch(i, plan.batches[i], epoch, parts=plan.batch_parts[i],
                                    upcoming=upcoming)
 
-        if self.prefetch <= 0:
-            for i in range(start, len(plan.batches)):
-                t = time.perf_counter()
-                b = build(i)
-                self.stall_s += time.perf_counter() - t
-                yield b
-            return
-        q: queue.Queue = queue.Queue(maxsize=self.prefetch)
-        stop = threading.Event()
+        with closing(prefetched(build, start, len(plan.batches), self.prefetch,
+                                self._add_stall)) as it:
+            yield from it
 
-        def produce() -> None:
-            try:
-                for i in range(start, len(plan.batches)):
-                    if stop.is_set():
-                        return
-                    item = build(i)
-                    while not stop.is_set():
-                        try:
-                            q.put(item, timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                q.put(None)
-            except BaseException as e:  # forwarded to the consumer
-                q.put(e)
-
-        th = threading.Thread(target=produce, name="ooc-loader", daemon=True)
-        th.start()
-        try:
-            while True:
-                t = time.perf_counter()
-                item = q.get()
-                self.stall_s += time.perf_counter() - t
-                if item is None:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            stop.set()
-            while th.is_alive():
-                try:
-                    q.get_nowait()
-                except queue.Empty:
-                    pass
-                th.join(timeout=0.05)
+    def _add_stall(self, seconds: float) -> None:
+        self.stall_s += seconds
