@@ -159,3 +159,13 @@ def test_sampled_evaluation_fanouts(planted_dataset: Path, tmp_path: Path) -> No
     samp_b = _staging_bytes(**kw, eval_fanouts=[15, 10, 5])
     assert full_b > 50_000_000 * 256 > 2 * samp_b
     assert samp_b == _staging_bytes(**dict(kw, eval_batch_size=1))
+
+
+def test_cli_refuses_engine_options_on_the_partition_buffer_path(planted_dataset: Path, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    """An engine option with a partition-buffer-only feature is an error (exit 2), not a silent fallback."""
+    rc = main(["train", str(planted_dataset), "--sampler", "labor", "--mode", "hybrid", "--epochs", "1",
+               "--no-progress", "--output-dir", str(tmp_path / "r")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "--sampler labor" in err and "--mode buffer/hybrid" in err

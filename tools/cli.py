@@ -675,7 +675,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (DatasetError, PlanetoidError, ConfigError, FileExistsError, FileNotFoundError, ValueError,
-            OSError) as e:
+            NotImplementedError, OSError) as e:  # NotImplementedError: an unsupported option combination
         print(f"ooc {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
