@@ -27,6 +27,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ooc.tools.bench import drop_caches
+
 __all__ = ["ScaleConfig", "run_scale", "format_table", "add_bench_scale"]
 
 
@@ -110,16 +112,6 @@ def _vmstat_swaps() -> int:
     except OSError:
         pass
     return n
-
-
-def _drop_caches() -> bool:
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def run_stage(cmd: list[str], log_path: Path, poll_s: float = 1.0) -> dict:
@@ -255,7 +247,7 @@ def run_scale(cfg: ScaleConfig, workdir: str | Path, results: str | Path | None 
                 cmd += (["--memory-budget", cfg.budget] if cfg.budget else
                         ["--buffer-partitions", str(cfg.buffer_parts)])
             cmd += ["--prefetch", str(cfg.prefetch), *cfg.extra_train_args]
-        dropped = _drop_caches() if drop and st.startswith("train") else False
+        dropped = drop_caches() if drop and st.startswith("train") else False
         r = run_stage(cmd, work / "logs" / f"{st}.log")
         r["command"] = r["command"].replace(f"{sys.executable} -m ooc.tools.cli", "ooc")
         r.update(date=date, dropped_caches=dropped)
