@@ -417,6 +417,10 @@ def _known_arrays(ds: Dataset) -> tuple[list[str], list[str]]:
     return node_arrays, unknown
 
 
+#: Smallest rewrite group budget (bytes) left after the node-sized arrays.
+_MIN_GROUP_BYTES = 256 << 10
+
+
 def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overwrite: bool = False,
                     memory_budget: int | str = "2GB", edge_buckets: bool = True) -> Path:
     """Rewrite ``ds`` in partition order (see the module docstring) through :class:`DatasetWriter`.
@@ -425,7 +429,9 @@ def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overw
         ds: the source dataset (may be the same directory as ``out`` with ``overwrite``).
         result: the assignment of ``ds``'s node ids.
         out: target directory; written atomically.
-        memory_budget: bytes (or ``"2GB"``) of rows/edges held per rewrite group.
+        memory_budget: bytes (or ``"2GB"``) the rewrite may hold: the node-sized arrays it keeps
+            whole (assignment, permutation, inverse, old and new indptr: ~36 B per node) count
+            first, rewrite groups of rows / edges get the rest.
         edge_buckets: also write ``partitions/buckets/*``.
 
     Returns:
@@ -433,8 +439,9 @@ def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overw
 
     Raises:
         ValueError: the dataset holds an array whose layout this rewrite does not know (named), the
-            assignment does not match the dataset, or a destination partition's in-edges exceed the
-            budget while writing edge buckets.
+            assignment does not match the dataset, the budget does not hold the node-sized arrays
+            plus 256 KiB of groups (before anything is written), or a destination partition's
+            in-edges exceed the budget while writing edge buckets.
         FileExistsError: ``out`` exists and not ``overwrite``.
     """
     budget = max(parse_bytes(memory_budget), 1 << 20)
@@ -452,11 +459,22 @@ def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overw
     inv[perm] = np.arange(n, dtype=np.int64)
     offsets = np.zeros(num_parts + 1, dtype=np.int64)
     offsets[1:] = np.cumsum(np.bincount(assign, minlength=num_parts))
-    orig = ds.load("nodes/perm")[perm] if ds.has("nodes/perm") else perm
     old_indptr = ds.indptr
     old_indices = ds.raw("indices")
     new_indptr = np.zeros(n + 1, dtype=np.int64)
     new_indptr[1:] = np.cumsum(np.diff(old_indptr)[perm])
+    # The node-sized arrays held for the whole rewrite count against the budget; the groups get the rest.
+    held = sum(a.nbytes for a in (assign, perm, inv, new_indptr)
+               if isinstance(a, np.ndarray) and not isinstance(a, np.memmap))
+    held += old_indptr.nbytes if not isinstance(old_indptr, np.memmap) else 0
+    group_budget = budget - held
+    if group_budget < _MIN_GROUP_BYTES:
+        raise ValueError(
+            f"{ds.path}: --memory-budget {format_bytes(budget)} is too small to rewrite {n:,} nodes: the "
+            f"node-sized index arrays it keeps whole (assignment, permutation and its inverse, old and "
+            f"new indptr: {format_bytes(held)}) leave less than {format_bytes(_MIN_GROUP_BYTES)} for "
+            f"rewrite groups; use at least {format_bytes(held + _MIN_GROUP_BYTES)}; nothing was written")
+    budget = group_budget
     t0 = time.perf_counter()
     with DatasetWriter(out, overwrite=overwrite) as w:
         w.sources = list(ds.manifest.get("sources", []))
@@ -499,7 +517,9 @@ def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overw
             if ds.has(s):
                 w.write_array(s, np.sort(inv[ds.split(s)]))
         w.write_array("partition_offsets", offsets)
-        w.write_array("nodes/perm", orig.astype(np.int64))
+        orig = ds.load("nodes/perm")[perm] if ds.has("nodes/perm") else perm
+        w.write_array("nodes/perm", orig.astype(np.int64, copy=False))
+        del orig
         # --- edge buckets (i -> j) stored destination-major: bucket (i, j) at index j * P + i
         if edge_buckets:
             new_indices = RawArray(w.arrays_root / ARRAY_NAMES["indices"])

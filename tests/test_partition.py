@@ -190,3 +190,19 @@ def test_permute_rows_spooled_equals_group_scans(tmp_path: Path, dtype: type, sh
         assert np.array_equal(np.concatenate(scanned.parts), data[perm])
         assert [p.shape[0] for p in spooled.parts] == [p.shape[0] for p in scanned.parts]
         assert not list((tmp_path / "sp").glob("*")) if (tmp_path / "sp").exists() else True
+
+
+def test_budget_charges_node_arrays_and_refuses_before_writing(tmp_path: Path) -> None:
+    """The rewrite's node-sized arrays (~36 B/node: 60,000 nodes -> ~2.2 MB) count against
+    ``--memory-budget``: 1 MB is refused with the sizes named and nothing written; 16 MB works."""
+    from ooc.tools.convert import write_graph_dataset
+    n = 60_000
+    rng = np.random.default_rng(0)
+    src, dst = rng.integers(0, n, 200_000), rng.integers(0, n, 200_000)
+    p = write_graph_dataset(tmp_path / "g", n, src, dst, rng.standard_normal((n, 2)).astype(np.float32),
+                            rng.integers(0, 3, n), {"train": np.arange(0, n, 10)}, 3, "g")
+    with pytest.raises(ValueError, match=r"too small to rewrite 60,000 nodes.*use at least"):
+        partition_dataset(p, 4, "stream", out=tmp_path / "small", memory_budget="1MB")
+    assert not (tmp_path / "small").exists()
+    out, _ = partition_dataset(p, 4, "stream", out=tmp_path / "ok", memory_budget="16MB")
+    assert Dataset(out).check_structure() == []

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ooc.tools.bench_scale import ScaleConfig, format_table, run_scale, run_stage
+from ooc.tools.bench_scale import ScaleConfig, format_table, kill_at_step, run_scale, run_stage
 
 
 def test_run_stage_measures_rss_and_exit_code(tmp_path: Path) -> None:
@@ -20,6 +20,22 @@ def test_run_stage_measures_rss_and_exit_code(tmp_path: Path) -> None:
     assert r["seconds"] > 0 and r["system_swaps"] >= 0
     bad = run_stage([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], tmp_path / "b.log")
     assert bad["returncode"] == 3 and "boom" in (tmp_path / "b.log").read_text()
+
+
+def test_kill_at_step_kills_after_the_asked_records(tmp_path: Path) -> None:
+    """A child that appends one record every 20 ms is SIGKILLed once 5 are there (and not before);
+    a child that ends first keeps its own exit code."""
+    steps = tmp_path / "steps.jsonl"
+    writer = ("import sys, time\n"
+              "for i in range(10**6):\n"
+              "    open(sys.argv[1], 'a').write('{\"step\": %d}\\n' % i); time.sleep(0.02)")
+    r = kill_at_step([sys.executable, "-c", writer, str(steps)], steps, 5, tmp_path / "k.log", poll_s=0.01)
+    assert r["returncode"] == -9 and r["killed_after_steps"] >= 5
+    n = len(steps.read_text().splitlines())
+    assert 5 <= n < 200  # killed soon after, not at the end of the million
+    quick = kill_at_step([sys.executable, "-c", "import sys; sys.exit(4)"], tmp_path / "none.jsonl", 5,
+                         tmp_path / "q.log")
+    assert quick["returncode"] == 4 and quick["killed_after_steps"] == 0
 
 
 def test_small_config_and_table() -> None:
@@ -46,9 +62,11 @@ def test_small_config_and_table() -> None:
 def test_small_pipeline_end_to_end(tmp_path: Path) -> None:
     """The ~10 M-edge variant of the billion-edge run (minutes on 2 cores): every stage finishes,
     the graph has the asked size, the planted labels are learnt in every mode."""
-    rec = run_scale(ScaleConfig.small(), tmp_path, drop=False, keep=False)
+    rec = run_scale(ScaleConfig.small(), tmp_path, drop=False, keep=False,
+                    kill_resume=("buffer", 20, 8))
     st = rec["stages"]
-    assert list(st) == ["generate", "partition", "train-hybrid", "train-buffer", "train-exact"]
+    assert list(st) == ["generate", "partition", "train-hybrid", "train-buffer", "train-exact",
+                        "resume-buffer"]
     assert all(r["returncode"] == 0 for r in st.values())
     assert st["generate"]["num_edges"] == 10_000_000 and st["generate"]["num_nodes"] == 500_000
     assert st["partition"]["partitioning"]["num_parts"] == 16
@@ -58,3 +76,8 @@ def test_small_pipeline_end_to_end(tmp_path: Path) -> None:
         assert r["peak_rss_bytes"] < 4 << 30
     assert st["train-hybrid"]["resident_partitions"] < 16
     assert json.loads((tmp_path / "scale.json").read_text())["stages"].keys() == st.keys()
+    # SIGKILL mid-epoch + --resume ends bit-identical to the uninterrupted buffer run
+    kr = st["resume-buffer"]
+    assert kr["kill"]["returncode"] == -9 and kr["kill"]["killed_after_steps"] >= 20
+    assert kr["compare"]["identical_weights"] and kr["compare"]["identical_losses"]
+    assert kr["test_acc"] == st["train-buffer"]["test_acc"]

@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -178,6 +179,30 @@ def _graph(name: str, args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray,
     raise ValueError(f"unknown graph {name!r}")
 
 
+def _cached_graph(name: str, args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, str]:
+    """:func:`_graph`, kept in ``--graph-cache DIR/KEY/{indptr,indices}.npy`` when a cache is given
+    (KEY names the generator's parameters; written to a temporary folder, then renamed), so a
+    synthetic graph that takes many minutes to generate is built once for several timed runs."""
+    cache = getattr(args, "graph_cache", None)
+    if not cache or name == "github":
+        return _graph(name, args)
+    key = (f"powerlaw-{args.nodes}-{args.edges}-{args.beta}" if name == "powerlaw"
+           else f"er-{args.er_nodes}-{args.er_degree}" if name == "er" else name)
+    d = Path(cache) / key
+    if (d / "indices.npy").exists():
+        desc = (d / "desc.txt").read_text()
+        return np.load(d / "indptr.npy"), np.load(d / "indices.npy"), desc + f" (cached in {d})"
+    ip, ix, desc = _graph(name, args)
+    tmp = Path(cache) / f".{key}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    np.save(tmp / "indptr.npy", ip)
+    np.save(tmp / "indices.npy", ix)
+    (tmp / "desc.txt").write_text(desc)
+    os.replace(tmp, d)
+    return ip, ix, desc
+
+
 def bench_sample(args: argparse.Namespace) -> dict:
     """Run the benchmark (see the module docstring); returns and prints the results."""
     import numba
@@ -197,10 +222,13 @@ def bench_sample(args: argparse.Namespace) -> dict:
           f"{args.threads} threads", flush=True)
     for name in args.graphs.split(","):
         t0 = time.perf_counter()
-        indptr, indices, desc = _graph(name, args)
+        indptr, indices, desc = _cached_graph(name, args)
         n = indptr.shape[0] - 1
         print(f"[{name}] {desc}: {n:,} nodes, {int(indptr[-1]):,} edges "
               f"(built in {time.perf_counter() - t0:.1f} s)", flush=True)
+        if getattr(args, "build_only", False):
+            del indptr, indices
+            continue
         rng = np.random.default_rng(1)
         need = args.batches * args.batch_size
         seeds = np.concatenate([rng.permutation(n) for _ in range(-(-need // n))])[:need]
@@ -271,6 +299,10 @@ def add_sample_parser(bsub: argparse._SubParsersAction) -> None:
     s.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference sampler")
     s.add_argument("--timeout", type=float, default=3600, help="seconds per peer run")
     s.add_argument("--workdir", default="bench-work", help="scratch folder for the shared graph files")
+    s.add_argument("--graph-cache", default=None,
+                   help="keep generated graphs (power-law, ER) here and reuse them in later runs")
+    s.add_argument("--build-only", action="store_true",
+                   help="only build (and cache) the graphs; time nothing")
     s.add_argument("--json", default=None, help="write the results here")
     s.set_defaults(func=lambda a: (bench_sample(a), 0)[1])
 

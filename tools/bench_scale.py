@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -143,6 +144,59 @@ def run_stage(cmd: list[str], log_path: Path, poll_s: float = 1.0) -> dict:
             "system_swaps": _vmstat_swaps() - sw0, "returncode": p.returncode}
 
 
+def _count_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    except OSError:
+        return 0
+
+
+def kill_at_step(cmd: list[str], steps_path: Path, step: int, log_path: Path,
+                 poll_s: float = 0.5) -> dict:
+    """Run ``cmd`` (a training command) and SIGKILL it once ``steps_path`` (its ``steps.jsonl``)
+    holds ``step`` records — a real, unannounced kill at an arbitrary point of the step after.
+
+    Returns:
+        ``{"killed_after_steps", "seconds", "returncode"}``; ``returncode`` is ``-9`` when the kill
+        landed, the process's own exit code when it ended first.
+    """
+    t0 = time.perf_counter()
+    with open(log_path, "w") as logf:
+        p = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
+        seen = 0
+        while p.poll() is None:
+            seen = _count_lines(steps_path)
+            if seen >= step:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+                break
+            time.sleep(poll_s)
+    return {"killed_after_steps": seen, "seconds": time.perf_counter() - t0,
+            "returncode": p.returncode}
+
+
+def compare_runs(a: Path, b: Path) -> dict:
+    """Compare two finished training runs: final weights (``checkpoint.pt``, in a subprocess so this
+    orchestrator stays free of torch), per-step losses and the test / validation scores.
+
+    Returns:
+        ``{"identical_weights", "identical_losses", "same_test_acc", "same_val_acc", "steps"}``.
+    """
+    ma = json.loads((a / "metrics.json").read_text())
+    mb = json.loads((b / "metrics.json").read_text())
+    code = ("import sys, torch\nfrom ooc.checkpoint import load_checkpoint\n"
+            "w = [load_checkpoint(f)['model'] for f in sys.argv[1:]]\n"
+            "print(int(w[0].keys() == w[1].keys() and all(torch.equal(w[0][k], w[1][k]) for k in w[0])))")
+    out = subprocess.run([sys.executable, "-c", code, str(a / "checkpoint.pt"), str(b / "checkpoint.pt")],
+                         capture_output=True, text=True)
+    return {"identical_weights": out.stdout.strip() == "1",
+            "identical_losses": ma.get("losses") == mb.get("losses"),
+            "same_test_acc": ma.get("test_acc") == mb.get("test_acc"),
+            "same_val_acc": ma.get("val_acc") == mb.get("val_acc"),
+            "steps": [ma.get("steps"), mb.get("steps")]}
+
+
 def _du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -171,9 +225,65 @@ def _train_metrics(run: Path) -> dict:
     return out
 
 
+def _train_cmd(cfg: ScaleConfig, ds: Path, mode: str, run: Path) -> list[str]:
+    cmd = _ooc("train", str(ds), "--model", "sage", "--fanout", cfg.fanouts,
+               "--eval-fanout", cfg.eval_fanouts, "--batch-size", str(cfg.batch_size),
+               "--eval-batch-size", str(cfg.batch_size), "--hidden", str(cfg.hidden),
+               "--epochs", str(cfg.epochs), "--partitions", str(cfg.parts),
+               "--seed", str(cfg.seed), "--no-progress", "--output-dir", str(run))
+    if mode == "exact":  # the in-memory reference: everything resident
+        cmd += ["--mode", "exact", "--memory-budget", "1TB", "--topology", "memory"]
+    else:
+        cmd += ["--mode", mode, "--topology", cfg.topology]
+        cmd += (["--memory-budget", cfg.budget] if cfg.budget else
+                ["--buffer-partitions", str(cfg.buffer_parts)])
+    return cmd + ["--prefetch", str(cfg.prefetch), *cfg.extra_train_args]
+
+
+def run_kill_resume(cfg: ScaleConfig, work: Path, mode: str, kill_step: int, every: int,
+                    drop: bool = True) -> dict:
+    """The interruption check of issue 8: train ``mode`` again into ``runs/MODE-resume`` with
+    ``--checkpoint-every EVERY``, SIGKILL it after ``kill_step`` steps, ``--resume`` it, and compare
+    the result with the uninterrupted ``runs/MODE`` (which must exist).
+
+    Returns:
+        ``{"command", "kill": {...}, "resume": run_stage figures, "compare": compare_runs(...),
+        "returncode"}`` (``returncode`` 0 only when the kill landed and the resume finished).
+
+    Raises:
+        FileNotFoundError: ``runs/MODE/metrics.json`` is missing (run ``train-MODE`` first).
+    """
+    ref = work / "runs" / mode
+    if not (ref / "metrics.json").exists():
+        raise FileNotFoundError(f"{ref / 'metrics.json'}: run the train-{mode} stage first")
+    run = work / "runs" / f"{mode}-resume"
+    shutil.rmtree(run, ignore_errors=True)
+    cmd = _train_cmd(cfg, work / "DS", mode, run) + ["--checkpoint-every", str(every)]
+    if drop:
+        drop_caches()
+    kill = kill_at_step(cmd, run / "steps.jsonl", kill_step, work / "logs" / f"resume-{mode}-killed.log")
+    out: dict = {"command": " ".join(cmd).replace(f"{sys.executable} -m ooc.tools.cli", "ooc"),
+                 "kill": kill, "checkpoint_every": every}
+    if kill["returncode"] != -signal.SIGKILL:
+        out["returncode"] = 1
+        return out
+    if drop:
+        drop_caches()
+    r = run_stage(_ooc("train", "--resume", str(run), "--no-progress"),
+                  work / "logs" / f"resume-{mode}.log")
+    out["resume"] = r
+    out["returncode"] = r["returncode"]
+    if r["returncode"] == 0:
+        out["compare"] = compare_runs(ref, run)
+        m = _train_metrics(run)
+        out["test_acc"], out["val_acc"] = m.get("test_acc"), m.get("val_acc")
+    return out
+
+
 def run_scale(cfg: ScaleConfig, workdir: str | Path, results: str | Path | None = None,
               drop: bool = True, redo: bool = False, keep: bool = True,
-              stages: tuple[str, ...] | None = None) -> dict:
+              stages: tuple[str, ...] | None = None,
+              kill_resume: tuple[str, int, int] | None = None) -> dict:
     """Run the pipeline of ``cfg`` in ``workdir`` and return (and write) the record.
 
     Args:
@@ -185,7 +295,10 @@ def run_scale(cfg: ScaleConfig, workdir: str | Path, results: str | Path | None 
         redo: rerun the selected stages even when the results file holds them for this
             configuration (the other stages' records are kept).
         keep: keep the dataset at the end (``False``: delete it).
-        stages: subset of ``generate``, ``partition``, ``train-MODE`` to run (default: all).
+        stages: subset of ``generate``, ``partition``, ``train-MODE``, ``resume-MODE`` to run
+            (default: all).
+        kill_resume: ``(MODE, STEP, EVERY)`` adds the stage ``resume-MODE`` after the training
+            stages: :func:`run_kill_resume` (SIGKILL after STEP steps, resume, compare).
 
     Returns:
         ``{"config", "machine", "date", "stages": {name: figures}, "dataset_bytes", ...}``.
@@ -209,6 +322,8 @@ def run_scale(cfg: ScaleConfig, workdir: str | Path, results: str | Path | None 
                       f"{platform.machine()}")
     ds = work / "DS"
     all_stages = ["generate", "partition", *[f"train-{m}" for m in cfg.modes]]
+    if kill_resume:
+        all_stages.append(f"resume-{kill_resume[0]}")
     todo = [s for s in all_stages if stages is None or s in stages]
 
     def save() -> None:
@@ -220,6 +335,17 @@ def run_scale(cfg: ScaleConfig, workdir: str | Path, results: str | Path | None 
         if st in rec["stages"] and rec["stages"][st].get("returncode") == 0 and not redo:
             continue
         date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        if st.startswith("resume-") and kill_resume:
+            r = run_kill_resume(cfg, work, kill_resume[0], kill_resume[1], kill_resume[2], drop=drop)
+            res = r.get("resume", {})
+            r.update(date=date, seconds=r["kill"]["seconds"] + res.get("seconds", 0.0),
+                     peak_rss_bytes=res.get("peak_rss_bytes", 0), read_bytes=res.get("read_bytes"))
+            rec["stages"][st] = r
+            save()
+            if r["returncode"] != 0:
+                raise RuntimeError(f"stage {st} failed (kill {r['kill']['returncode']}, resume "
+                                   f"{res.get('returncode')}); see {work / 'logs' / (st + '.log')}")
+            continue
         if st == "generate":
             cmd = _ooc("generate", "rmat", "--nodes", str(cfg.nodes), "--edges", str(cfg.edges),
                        "--feat-dim", str(cfg.feat_dim), "--classes", str(cfg.classes),
@@ -235,18 +361,7 @@ def run_scale(cfg: ScaleConfig, workdir: str | Path, results: str | Path | None 
             mode = st.split("-", 1)[1]
             run = work / "runs" / mode
             shutil.rmtree(run, ignore_errors=True)
-            cmd = _ooc("train", str(ds), "--model", "sage", "--fanout", cfg.fanouts,
-                       "--eval-fanout", cfg.eval_fanouts, "--batch-size", str(cfg.batch_size),
-                       "--eval-batch-size", str(cfg.batch_size), "--hidden", str(cfg.hidden),
-                       "--epochs", str(cfg.epochs), "--partitions", str(cfg.parts),
-                       "--seed", str(cfg.seed), "--no-progress", "--output-dir", str(run))
-            if mode == "exact":  # the in-memory reference: everything resident
-                cmd += ["--mode", "exact", "--memory-budget", "1TB", "--topology", "memory"]
-            else:
-                cmd += ["--mode", mode, "--topology", cfg.topology]
-                cmd += (["--memory-budget", cfg.budget] if cfg.budget else
-                        ["--buffer-partitions", str(cfg.buffer_parts)])
-            cmd += ["--prefetch", str(cfg.prefetch), *cfg.extra_train_args]
+            cmd = _train_cmd(cfg, ds, mode, run)
         dropped = drop_caches() if drop and st.startswith("train") else False
         r = run_stage(cmd, work / "logs" / f"{st}.log")
         r["command"] = r["command"].replace(f"{sys.executable} -m ooc.tools.cli", "ooc")
@@ -302,6 +417,12 @@ def format_table(rec: dict) -> str:
                      f"{r.get('stall_fraction', 0):.2f}, hit {r.get('buffer_hit_ratio', 0):.3f}, "
                      f"cache {r.get('cache_hit_ratio', 0):.3f}, swaps {r.get('swaps', 0)}, "
                      f"test {r.get('test_acc', float('nan')):.4f}")
+        elif name.startswith("resume-") and "kill" in r:
+            c = r.get("compare", {})
+            notes = (f"SIGKILL after {r['kill'].get('killed_after_steps')} steps, resumed: weights "
+                     f"{'identical' if c.get('identical_weights') else 'DIFFER'}, losses "
+                     f"{'identical' if c.get('identical_losses') else 'DIFFER'}, test "
+                     f"{r.get('test_acc') if r.get('test_acc') is not None else float('nan'):.4f}")
         if r.get("returncode"):
             notes = f"FAILED (exit {r['returncode']})"
         rows.append((name, f"{r['seconds']:.1f}", _gib(r["peak_rss_bytes"]), _gib(r.get("read_bytes")),
@@ -334,9 +455,20 @@ def _cmd_bench_scale(args: argparse.Namespace) -> int:
     work = Path(args.workdir or ("/work/bench-data/issue8/small" if args.small
                                  else "/work/bench-data/issue8/full"))
     stages = tuple(args.stages.split(",")) if args.stages else None
+    kr = None
+    if args.kill_resume:
+        try:
+            m, step, every = (args.kill_resume.split(":") + ["0"])[:3]
+            kr = (m, int(step), int(every) or max(1, int(step) // 2))
+        except ValueError:
+            print(f"ooc bench scale: --kill-resume {args.kill_resume!r}: expected MODE:STEP[:EVERY]",
+                  file=sys.stderr)
+            return 2
+    elif args.small:
+        kr = ("buffer", 20, 8)
     try:
         rec = run_scale(cfg, work, args.results, drop=not args.no_drop_caches, redo=args.redo,
-                        keep=not args.delete, stages=stages)
+                        keep=not args.delete, stages=stages, kill_resume=kr)
     except RuntimeError as e:
         print(f"ooc bench scale: {e}", file=sys.stderr)
         res = Path(args.results) if args.results else work / "scale.json"
@@ -374,6 +506,11 @@ def add_bench_scale(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--topology", choices=["memory", "mmap", "disk"])
     p.add_argument("--modes", help="comma-separated training modes (default hybrid,buffer)")
     p.add_argument("--stages", help="only these stages, e.g. generate,partition")
+    p.add_argument("--kill-resume", metavar="MODE:STEP[:EVERY]",
+                   help="add stage resume-MODE: train MODE again with --checkpoint-every EVERY "
+                        "(default STEP/2), SIGKILL it after STEP steps, --resume it and compare "
+                        "weights, losses and accuracy with the uninterrupted run (--small: "
+                        "buffer:20:8)")
     p.add_argument("--redo", action="store_true", help="rerun stages already recorded")
     p.add_argument("--delete", action="store_true", help="delete the dataset at the end")
     p.add_argument("--no-drop-caches", action="store_true")

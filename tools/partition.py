@@ -43,7 +43,8 @@ def add_partition_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-balance-train", action="store_true",
                    help="do not balance training nodes across partitions")
     p.add_argument("--memory-budget", default="2GB",
-                   help="bytes held per rewrite group / topology block (default: 2GB)")
+                   help="memory of the rewrite: its node-sized index arrays (~36 B/node) plus "
+                        "the rewrite groups (default: 2GB)")
     p.add_argument("--no-edge-buckets", action="store_true",
                    help="skip partitions/buckets/* (edges grouped by source and destination partition)")
     p.set_defaults(func=_cmd_partition)
