@@ -137,6 +137,10 @@ class TrainConfig:
     heads: int = _opt(8, "model", "GAT attention heads of hidden layers")
     out_heads: int = _opt(1, "model", "GAT attention heads of the output layer (averaged)")
     attn_dropout: float = _opt(0.0, "model", "GAT dropout on attention weights")
+    feat_dropout: float = _opt(0.0, "model", "GAT dropout on the aggregated transformed features W x "
+                               "(the reference GAT code's second in_drop)")
+    dropout_per_head: bool = _opt(False, "model", "GAT: a separate input-dropout mask for every head "
+                                  "(the reference GAT code)")
     residual: bool = _opt(False, "model", "residual connection around every layer")
     norm: str = _opt("none", "model", "normalisation after hidden layers",
                      choices=("none", "batch", "layer"))
@@ -324,7 +328,7 @@ class TrainConfig:
         if self.buffer_partitions > self.partitions:
             raise ValueError(f"--buffer-partitions {self.buffer_partitions} exceeds --partitions "
                              f"{self.partitions}")
-        for name in ("dropout", "attn_dropout", "hybrid_mix"):
+        for name in ("dropout", "attn_dropout", "feat_dropout", "hybrid_mix"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.model == "gat" and self.hidden % self.heads:

@@ -330,6 +330,21 @@ class GCNConv(nn.Module):
         return out
 
 
+def _per_head_dropout_linear(x: Tensor, w: Tensor, p: float) -> Tensor:
+    """``h[:, k] = dropout(x) @ w[k]^T`` with a separate dropout mask for every head ``k``:
+    ``x`` [N, D], ``w`` [H, F, D] -> [N, H, F].  Sparse inputs (bag-of-words features: CiteSeer's
+    are ~1 % non-zero) only draw masks for their non-zeros (dropping a zero changes nothing), which
+    avoids H dense [N, D] copies of the input; dense inputs take one masked matmul per head."""
+    H, F, D = w.shape
+    nz = x.count_nonzero()
+    if int(nz) * F <= x.numel():
+        rows, cols = x.nonzero(as_tuple=True)
+        vals = nn.functional.dropout(x[rows, cols].unsqueeze(1).expand(-1, H), p)   # [nnz, H]
+        msg = vals.unsqueeze(-1) * w.permute(2, 0, 1).index_select(0, cols)        # [nnz, H, F]
+        return msg.new_zeros((x.shape[0], H, F)).index_add_(0, rows, msg)
+    return torch.stack([nn.functional.linear(nn.functional.dropout(x, p), w[k]) for k in range(H)], 1)
+
+
 class GATConv(nn.Module):
     """Graph attention layer (Velickovic et al., "Graph Attention Networks", ICLR'18).
 
@@ -344,6 +359,11 @@ class GATConv(nn.Module):
         concat: concatenate heads (output ``H * out_dim``) or average them (``out_dim``).
         negative_slope: LeakyReLU slope of the attention scores (0.2 in the paper).
         attn_dropout: dropout probability on the attention weights.
+        feat_dropout: dropout probability on the transformed features ``W x`` that are aggregated
+            (the values; the attention scores use the undropped ``W x``), as the reference
+            TensorFlow code (``layers.attn_head``: ``seq_fts = dropout(seq_fts, in_drop)``).
+        head_dropout: dropout probability on the layer input with a separate mask for every head
+            (the reference code's ``in_drop``, applied inside each head); 0 leaves the input alone.
         self_loops: every destination also attends to itself (the paper's convention); without, a
             node with no sampled in-edge outputs only the bias.
 
@@ -353,10 +373,12 @@ class GATConv(nn.Module):
 
     def __init__(self, in_dim: int, out_dim: int, heads: int = 1, concat: bool = True,
                  negative_slope: float = 0.2, attn_dropout: float = 0.0, self_loops: bool = True,
-                 bias: bool = True) -> None:
+                 bias: bool = True, feat_dropout: float = 0.0, head_dropout: float = 0.0) -> None:
         super().__init__()
         if heads < 1:
             raise ValueError(f"heads must be >= 1, got {heads}")
+        self.feat_dropout = Dropout(feat_dropout)
+        self.head_dropout = head_dropout
         self.heads, self.out_dim, self.concat = heads, out_dim, concat
         self.self_loops = self_loops
         self.lin = nn.Linear(in_dim, heads * out_dim, bias=False)
@@ -372,7 +394,10 @@ class GATConv(nn.Module):
 
     def forward(self, block: TorchBlock, x: Tensor) -> Tensor:
         n_dst, H, F = block.num_dst, self.heads, self.out_dim
-        h = self.lin(x).view(-1, H, F)                        # [num_src, H, F]
+        if self.training and self.head_dropout > 0:
+            h = _per_head_dropout_linear(x, self.lin.weight.view(H, F, -1), self.head_dropout)
+        else:
+            h = self.lin(x).view(-1, H, F)                    # [num_src, H, F]
         a_src = (h * self.att_src).sum(-1)                     # [num_src, H]
         a_dst = (h[:n_dst] * self.att_dst).sum(-1)             # [num_dst, H]
         src, dst = block.src, block.dst
@@ -381,7 +406,7 @@ class GATConv(nn.Module):
             src, dst = torch.cat([src, loop]), torch.cat([dst, loop])
         e = self.leaky(a_src.index_select(0, src) + a_dst.index_select(0, dst))  # [E, H]
         alpha = self.attn_dropout(edge_softmax(dst, e, n_dst))
-        msg = h.index_select(0, src) * alpha.unsqueeze(-1)     # [E, H, F]
+        msg = self.feat_dropout(h).index_select(0, src) * alpha.unsqueeze(-1)  # [E, H, F]
         out = msg.new_zeros((n_dst, H, F))
         if msg.shape[0]:
             out.index_add_(0, dst, msg)
@@ -444,6 +469,9 @@ class GNN(nn.Module):
         dropout: dropout probability on every layer's input.
         aggregator: SAGE aggregator (``mean``, ``sum``, ``max``).
         heads, out_heads, attn_dropout: GAT options.
+        feat_dropout: GAT dropout on the aggregated ``W x`` (see :class:`GATConv`), every layer.
+        dropout_per_head: GAT: draw the input-dropout mask (``dropout``) separately for every head
+            inside :class:`GATConv` (the reference code) instead of once for the layer input.
         residual: add ``x_v`` (or a linear projection of it when sizes differ) to each layer's output.
         norm: ``none``, ``batch`` (BatchNorm1d) or ``layer`` (LayerNorm) after hidden layers.
         activation: ``relu`` or ``elu`` (the GAT paper's).
@@ -460,7 +488,8 @@ class GNN(nn.Module):
     def __init__(self, model: str, in_dim: int, hidden: int, out_dim: int, num_layers: int,
                  dropout: float = 0.5, aggregator: str = "mean", heads: int = 1, out_heads: int = 1,
                  attn_dropout: float = 0.0, residual: bool = False, norm: str = "none",
-                 activation: str = "relu", gin_eps: float = 0.0, gin_train_eps: bool = True) -> None:
+                 activation: str = "relu", gin_eps: float = 0.0, gin_train_eps: bool = True,
+                 feat_dropout: float = 0.0, dropout_per_head: bool = False) -> None:
         super().__init__()
         if model not in MODELS:
             raise ValueError(f"unknown model {model!r} (choose {', '.join(MODELS)})")
@@ -483,12 +512,12 @@ class GNN(nn.Module):
             elif model == "gcn":
                 layers.append(GCNConv(dims[i], dims[i + 1]))
             elif model == "gat":
+                gat = dict(attn_dropout=attn_dropout, feat_dropout=feat_dropout,
+                           head_dropout=dropout if dropout_per_head else 0.0)
                 if last:
-                    layers.append(GATConv(dims[i], dims[i + 1], out_heads, concat=False,
-                                          attn_dropout=attn_dropout))
+                    layers.append(GATConv(dims[i], dims[i + 1], out_heads, concat=False, **gat))
                 else:
-                    layers.append(GATConv(dims[i], dims[i + 1] // heads, heads, concat=True,
-                                          attn_dropout=attn_dropout))
+                    layers.append(GATConv(dims[i], dims[i + 1] // heads, heads, concat=True, **gat))
             else:
                 # the MLP is `hidden` wide in every layer (Xu et al.), also in the output layer,
                 # whose MLP would otherwise squeeze through `out_dim` (the class count) units
@@ -503,7 +532,8 @@ class GNN(nn.Module):
             [nn.BatchNorm1d(dims[i + 1]) if norm == "batch" else
              nn.LayerNorm(dims[i + 1]) if norm == "layer" else nn.Identity()
              for i in range(num_layers - 1)])
-        self.dropout = Dropout(dropout)
+        # with dropout_per_head the GAT layers drop their input themselves (one mask per head)
+        self.dropout = Dropout(0.0 if model == "gat" and dropout_per_head else dropout)
         self.act = torch.relu if activation == "relu" else nn.functional.elu
 
     @property

@@ -437,7 +437,8 @@ def make_model(cfg: TrainConfig, in_dim: int, out_dim: int) -> GNN:
                        aggregator=cfg.aggregator, heads=cfg.heads, out_heads=cfg.out_heads,
                        attn_dropout=cfg.attn_dropout, residual=cfg.residual, norm=cfg.norm,
                        activation=cfg.activation, gin_eps=cfg.gin_eps,
-                       gin_train_eps=cfg.gin_train_eps)
+                       gin_train_eps=cfg.gin_train_eps, feat_dropout=cfg.feat_dropout,
+                       dropout_per_head=cfg.dropout_per_head)
 
 
 def _make_optimizer(cfg: TrainConfig, model: GNN) -> torch.optim.Optimizer:

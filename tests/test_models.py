@@ -179,6 +179,88 @@ def test_gat_attention_dropout_only_in_training() -> None:
     assert not torch.allclose(layer(b, x), a)
 
 
+@pytest.mark.parametrize("concat", [True, False])
+def test_gat_feat_dropout_drops_aggregated_values_only_in_training(concat: bool) -> None:
+    # the reference code's `seq_fts = dropout(seq_fts, in_drop)`: the aggregated W x is dropped, the
+    # attention scores still come from the undropped W x
+    torch.manual_seed(6)
+    b = TorchBlock.from_edges(6, 4, src=[1, 2, 4, 0, 5, 5], dst=[0, 0, 0, 1, 1, 2])
+    x = torch.randn(6, 4)
+    plain = GATConv(4, 3, heads=2, concat=concat)
+    layer = GATConv(4, 3, heads=2, concat=concat, feat_dropout=0.5)
+    layer.load_state_dict(plain.state_dict())
+    layer.eval()
+    assert torch.equal(layer(b, x), plain(b, x))  # eval: exactly the layer without feat_dropout
+    layer.train()
+    torch.manual_seed(7)
+    out = layer(b, x)
+    # replay the same mask: dropout is the first random draw of the forward pass
+    torch.manual_seed(7)
+    h = layer.lin(x).view(-1, 2, 3)
+    hv = torch.nn.functional.dropout(h, 0.5)
+    assert (hv == 0).any() and not torch.equal(hv, h * 2)
+    expect = torch.zeros(4, 2, 3)
+    for v in range(4):
+        nbrs = [u for u, d in zip(b.src.tolist(), b.dst.tolist()) if d == v] + [v]
+        for k in range(2):
+            e = torch.stack([torch.nn.functional.leaky_relu(
+                (layer.att_src[0, k] * h[u, k]).sum() + (layer.att_dst[0, k] * h[v, k]).sum(), 0.2)
+                for u in nbrs])
+            alpha = torch.softmax(e, 0)  # scores from the undropped features
+            expect[v, k] = sum(alpha[j] * hv[u, k] for j, u in enumerate(nbrs))
+    expect = (expect.reshape(4, 6) if concat else expect.mean(1)) + layer.bias
+    assert out.shape == ((4, 6) if concat else (4, 3))
+    assert torch.allclose(out, expect, atol=1e-5)
+    out.sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
+
+
+@pytest.mark.parametrize("density", [0.1, 1.0])  # sparse (non-zeros only) and dense paths
+def test_gat_head_dropout_draws_a_mask_per_head(density: float) -> None:
+    torch.manual_seed(8)
+    n, d, heads = 40, 5, 3
+    x = torch.rand(n, d) + 0.5
+    x = x * (torch.rand(n, d) < density)
+    layer = GATConv(d, d, heads=heads, head_dropout=0.5)
+    with torch.no_grad():  # W_k = identity: head k's transformed input is its dropped x itself
+        layer.lin.weight.copy_(torch.eye(d).repeat(heads, 1))
+    layer.train()
+    from ooc.models import _per_head_dropout_linear
+    h = _per_head_dropout_linear(x, layer.lin.weight.view(heads, d, d), 0.5)  # [n, heads, d]
+    assert h.shape == (n, heads, d)
+    for k in range(heads):  # every entry is either dropped or scaled by 1 / (1 - p)
+        kept = h[:, k] != 0
+        assert torch.allclose(h[:, k][kept], 2 * x[kept])
+        assert 0.2 < kept.sum() / (x != 0).sum() < 0.8
+    assert not torch.equal(h[:, 0] != 0, h[:, 1] != 0)  # independent masks per head
+    # the layer uses it in training; in eval it is the plain layer
+    b = TorchBlock.from_edges(n, 4, src=[1, 2, 4, 0, 5, 5], dst=[0, 0, 0, 1, 1, 2])
+    plain = GATConv(d, d, heads=heads)
+    plain.load_state_dict(layer.state_dict())
+    layer.eval()
+    assert torch.equal(layer(b, x), plain(b, x))
+    layer.train()
+    w = layer.lin.weight
+    out = layer(b, x)
+    assert out.shape == (4, heads * d) and not torch.allclose(out, plain(b, x))
+    out.sum().backward()
+    assert w.grad is not None and torch.isfinite(w.grad).all() and w.grad.abs().sum() > 0
+
+
+def test_gnn_dropout_per_head_moves_input_dropout_into_the_gat_layers() -> None:
+    torch.manual_seed(9)
+    net = build_model("gat", 6, 8, 3, 2, 0.6, heads=2, feat_dropout=0.4, dropout_per_head=True)
+    assert net.dropout.p == 0.0
+    assert [(m.head_dropout, m.feat_dropout.p) for m in net.layers] == [(0.6, 0.4), (0.6, 0.4)]
+    ref = build_model("gat", 6, 8, 3, 2, 0.6, heads=2)
+    assert net.dropout.p == 0.0 and ref.dropout.p == 0.6
+    assert [(m.head_dropout, m.feat_dropout.p) for m in ref.layers] == [(0.0, 0.0), (0.0, 0.0)]
+    ref.load_state_dict(net.state_dict())
+    blocks = [TorchBlock.from_edges(7, 5, [5, 6, 0], [0, 0, 2]), TorchBlock.from_edges(5, 3, [3], [0])]
+    x = torch.randn(7, 6)
+    assert torch.equal(net.eval()(blocks, x), ref.eval()(blocks, x))
+
+
 def test_gin_matches_dense_formula_and_learns_eps() -> None:
     torch.manual_seed(3)
     layer = GINConv(4, 5, eps=0.25)
@@ -247,7 +329,9 @@ def _stack_options() -> list[tuple[str, dict]]:
         out.append((m, {"residual": True, "norm": "batch"}))
         out.append((m, {"residual": True, "norm": "layer", "activation": "elu"}))
     out += [("sage", {"aggregator": "max"}), ("sage", {"aggregator": "sum"}),
-            ("gat", {"heads": 4, "out_heads": 2, "attn_dropout": 0.5})]
+            ("gat", {"heads": 4, "out_heads": 2, "attn_dropout": 0.5}),
+            ("gat", {"heads": 4, "out_heads": 2, "attn_dropout": 0.5, "feat_dropout": 0.5,
+                     "dropout_per_head": True})]
     return out
 
 

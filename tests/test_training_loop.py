@@ -15,7 +15,7 @@ from ooc.checkpoint import load_checkpoint
 from ooc.config import ConfigError, TrainConfig
 from ooc.models import MODELS, TorchBlock, build_model
 from ooc.tools.cli import main
-from ooc.train import train
+from ooc.train import make_model, train
 
 
 def _cfg(ds: Path, out: Path, **kw: object) -> TrainConfig:
@@ -56,6 +56,8 @@ def test_validate_rejects_bad_combinations() -> None:
         TrainConfig(dataset="d", model="mlp").validate()
     with pytest.raises(ValueError, match="divisible by heads"):
         TrainConfig(dataset="d", model="gat", hidden=10, heads=4).validate()
+    with pytest.raises(ValueError, match="feat_dropout must be in"):
+        TrainConfig(dataset="d", model="gat", feat_dropout=1.0).validate()
     with pytest.raises(ValueError, match="no dataset"):
         TrainConfig().validate()
 
@@ -249,10 +251,17 @@ def test_table_configs_load_and_hold_the_published_settings() -> None:
         cfg.validate()
         assert cfg.model == name.split("-")[1] and cfg.fanouts == [-1, -1] and cfg.feat_norm == "row"
         assert cfg.eval_mode == "layerwise" and cfg.batch_size >= 3648  # full batch (Actor: 3648 train)
-    gat = cfgs["cora-gat"]  # Velickovic et al.: 8 heads x 8 hidden, 1 output head, dropout 0.6 twice
-    assert (gat.heads, gat.hidden, gat.out_heads, gat.dropout, gat.attn_dropout, gat.lr,
-            gat.weight_decay, gat.patience * gat.eval_every, gat.activation, gat.early_stop) == \
-        (8, 64, 1, 0.6, 0.6, 0.005, 5e-4, 100, "elu", "score_or_loss")
+    for name in ("cora-gat", "citeseer-gat"):
+        # Velickovic et al.: 8 heads x 8 hidden, 1 output head; dropout 0.6 on the input (per head, as
+        # the reference code), on the aggregated W x and on the attention weights
+        gat = cfgs[name]
+        assert (gat.heads, gat.hidden, gat.out_heads, gat.dropout, gat.attn_dropout, gat.feat_dropout,
+                gat.dropout_per_head, gat.lr, gat.weight_decay, gat.patience * gat.eval_every,
+                gat.activation, gat.early_stop) == \
+            (8, 64, 1, 0.6, 0.6, 0.6, True, 0.005, 5e-4, 100, "elu", "score_or_loss")
+        net = make_model(gat, 20, 6)  # the trainer's model carries both options into the layers
+        assert net.dropout.p == 0.0
+        assert [(m.head_dropout, m.feat_dropout.p) for m in net.layers] == [(0.6, 0.6), (0.6, 0.6)]
     gcn = cfgs["cora-gcn"]  # Kipf & Welling: 16 hidden, dropout 0.5, lr 0.01, L2 5e-4 on layer 1, 200 epochs
     assert (gcn.hidden, gcn.dropout, gcn.lr, gcn.weight_decay, gcn.weight_decay_scope, gcn.epochs) == \
         (16, 0.5, 0.01, 5e-4, "first", 200)
