@@ -44,7 +44,7 @@ from ooc.budget import format_bytes, parse_bytes
 from ooc.kernels.partition import (bucket_sort_block, count_buckets_block, count_cut_block,
                                    relabel_lists, scatter_rows, stream_assign_block)
 from ooc.storage.dataset import ARRAY_NAMES, Dataset, DatasetWriter
-from ooc.storage.rawarray import RawArray
+from ooc.storage.rawarray import RawArray, choose_chunk_rows
 
 __all__ = ["METHODS", "PartitionResult", "partition_nodes", "reorder_dataset", "partition_dataset",
            "check_num_parts"]
@@ -320,6 +320,39 @@ def _rows_view(a: np.ndarray) -> np.ndarray:
     return a.view(_UINT[a.dtype.itemsize]).reshape(a.shape[0], -1)
 
 
+def _permute_topology(old_indptr: np.ndarray, old_indices: RawArray, new_indptr: np.ndarray,
+                      perm: np.ndarray, inv: np.ndarray, writer, budget: int) -> int:
+    """Append the relabelled in-edge lists of new ids ``0..N-1`` to ``writer``, in groups of new
+    destination ids whose lists fit ``budget`` bytes (the group's output plus one block of old lists).
+
+    A function of its own so that the group buffer and the last block are freed before the feature
+    rewrite starts (held as loop variables they stayed alive through it: ~0.7 GB at 1 B edges).
+
+    Returns:
+        Groups written (each one scan over the old lists of its source id range).
+    """
+    n = perm.shape[0]
+    edge_bytes = old_indices.dtype.itemsize + 8
+    max_group_edges = max(1, budget // (2 * edge_bytes))
+    g0 = 0
+    passes = 0
+    while g0 < n:
+        g1 = int(np.searchsorted(new_indptr, new_indptr[g0] + max_group_edges, side="right")) - 1
+        g1 = min(max(g1, g0 + 1), n)
+        m = int(new_indptr[g1] - new_indptr[g0])
+        buf = np.empty(m, dtype=old_indices.dtype)
+        olds = perm[g0:g1]
+        lo, hi = int(olds.min()), int(olds.max()) + 1
+        got = 0
+        for start, ip, idx in _blocks(old_indptr, old_indices, max(max_group_edges, 1 << 16), lo, hi):
+            got += int(relabel_lists(ip, idx, start, inv, g0, g1, new_indptr, buf))
+        assert got == m, (got, m)
+        writer.append(buf)
+        passes += 1
+        g0 = g1
+    return passes
+
+
 def _permute_rows(src: RawArray, perm: np.ndarray, inv: np.ndarray, writer, budget: int,
                   spool_dir: Path | None = None) -> int:
     """Append ``src[perm]`` to ``writer`` in groups of new ids that fit ``budget``.
@@ -335,7 +368,8 @@ def _permute_rows(src: RawArray, perm: np.ndarray, inv: np.ndarray, writer, budg
     """
     n = perm.shape[0]
     row_bytes = max(src.row_bytes, 1)
-    group = max(1, budget // (2 * row_bytes))
+    # a group holds its rows twice (read back + placed) and, while placing, 4 int64 per row of ids
+    group = max(1, budget // (2 * row_bytes + _GROUP_ID_BYTES))
     scan = max(1, min(group, (64 << 20) // row_bytes))
     if spool_dir is not None and -(-n // group) > 2:
         return _spool_rows(src, perm, inv, writer, group, scan, Path(spool_dir))
@@ -373,13 +407,16 @@ def _spool_rows(src: RawArray, perm: np.ndarray, inv: np.ndarray, writer, group:
     paths = [spool_dir / f"group-{g:05d}.bin" for g in range(k)]
     files = [open(p, "wb") for p in paths]
     try:
+        # two reused blocks (read, grouped): a fresh pair per block would briefly hold three
+        blk_buf = np.empty((min(scan, n), *src.shape[1:]), dtype=src.dtype)
+        rows_buf = np.empty_like(blk_buf)
         for b0 in range(0, n, scan):
             b1 = min(n, b0 + scan)
-            blk = np.ascontiguousarray(src.read(b0, b1))
+            blk = src.read(b0, b1, out=blk_buf[:b1 - b0])
             gid = inv[b0:b1] // group
             order = np.argsort(gid, kind="stable")
             counts = np.bincount(gid, minlength=k)
-            rows = blk[order]
+            rows = np.take(blk, order, axis=0, out=rows_buf[:b1 - b0], mode="clip")  # unbuffered
             a = 0
             for g in np.flatnonzero(counts):
                 c = int(counts[g])
@@ -388,6 +425,7 @@ def _spool_rows(src: RawArray, perm: np.ndarray, inv: np.ndarray, writer, group:
     finally:
         for f in files:
             f.close()
+    del blk_buf, rows_buf, blk, rows
     for g in range(k):
         g0, g1 = g * group, min(n, (g + 1) * group)
         got = np.fromfile(paths[g], dtype=src.dtype).reshape((-1, *src.shape[1:]))
@@ -416,6 +454,9 @@ def _known_arrays(ds: Dataset) -> tuple[list[str], list[str]]:
             unknown.append(rel)
     return node_arrays, unknown
 
+
+#: Index bytes per row a spooled group holds while placing its rows (sorted old ids, new ids, offsets).
+_GROUP_ID_BYTES = 32
 
 #: Smallest rewrite group budget (bytes) left after the node-sized arrays.
 _MIN_GROUP_BYTES = 256 << 10
@@ -454,7 +495,7 @@ def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overw
     if unknown:
         raise ValueError(f"{ds.path}: cannot reorder arrays {', '.join(sorted(unknown))} (unknown "
                          "layout); nothing was written")
-    perm = np.argsort(assign, kind="stable").astype(np.int64)  # perm[new] = old
+    perm = np.argsort(assign, kind="stable").astype(np.int64, copy=False)  # perm[new] = old
     inv = np.empty(n, dtype=np.int64)
     inv[perm] = np.arange(n, dtype=np.int64)
     offsets = np.zeros(num_parts + 1, dtype=np.int64)
@@ -462,18 +503,28 @@ def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overw
     old_indptr = ds.indptr
     old_indices = ds.raw("indices")
     new_indptr = np.zeros(n + 1, dtype=np.int64)
-    new_indptr[1:] = np.cumsum(np.diff(old_indptr)[perm])
+    step = 1 << 20  # degrees gathered in slices: no node-sized temporaries beside the held arrays
+    for a in range(0, n, step):
+        p = perm[a:a + step]
+        np.subtract(old_indptr[p + 1], old_indptr[p], out=new_indptr[a + 1:a + 1 + p.shape[0]])
+    np.cumsum(new_indptr, out=new_indptr)
     # The node-sized arrays held for the whole rewrite count against the budget; the groups get the rest.
     held = sum(a.nbytes for a in (assign, perm, inv, new_indptr)
                if isinstance(a, np.ndarray) and not isinstance(a, np.memmap))
     held += old_indptr.nbytes if not isinstance(old_indptr, np.memmap) else 0
+    # so does the chunk buffer of the one array writer open at a time (up to 8 MiB)
+    chunk_bytes = [choose_chunk_rows(old_indices.shape[0], old_indices.row_bytes) * old_indices.row_bytes]
+    chunk_bytes += [ds.raw(rel).chunk_rows * ds.raw(rel).row_bytes
+                    for rel in [ARRAY_NAMES["features"], *node_arrays] if rel in ds.manifest["arrays"]]
+    held += max(chunk_bytes)
     group_budget = budget - held
     if group_budget < _MIN_GROUP_BYTES:
         raise ValueError(
             f"{ds.path}: --memory-budget {format_bytes(budget)} is too small to rewrite {n:,} nodes: the "
             f"node-sized index arrays it keeps whole (assignment, permutation and its inverse, old and "
-            f"new indptr: {format_bytes(held)}) leave less than {format_bytes(_MIN_GROUP_BYTES)} for "
-            f"rewrite groups; use at least {format_bytes(held + _MIN_GROUP_BYTES)}; nothing was written")
+            f"new indptr) and one output chunk ({format_bytes(held)} together) leave less than "
+            f"{format_bytes(_MIN_GROUP_BYTES)} for rewrite groups; use at least "
+            f"{format_bytes(held + _MIN_GROUP_BYTES)}; nothing was written")
     budget = group_budget
     t0 = time.perf_counter()
     with DatasetWriter(out, overwrite=overwrite) as w:
@@ -481,25 +532,7 @@ def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overw
         w.write_array("indptr", new_indptr)
         # --- topology: groups of new destination ids whose in-edges fit the budget
         iw = w.array_writer("indices", old_indices.dtype, (), expected_rows=old_indices.shape[0])
-        edge_bytes = old_indices.dtype.itemsize + 8
-        max_group_edges = max(1, budget // (2 * edge_bytes))
-        g0 = 0
-        topo_passes = 0
-        while g0 < n:
-            g1 = int(np.searchsorted(new_indptr, new_indptr[g0] + max_group_edges, side="right")) - 1
-            g1 = min(max(g1, g0 + 1), n)
-            m = int(new_indptr[g1] - new_indptr[g0])
-            buf = np.empty(m, dtype=old_indices.dtype)
-            olds = perm[g0:g1]
-            lo, hi = int(olds.min()), int(olds.max()) + 1
-            got = 0
-            for start, ip, idx in _blocks(old_indptr, old_indices, max(max_group_edges, 1 << 16),
-                                          lo, hi):
-                got += int(relabel_lists(ip, idx, start, inv, g0, g1, new_indptr, buf))
-            assert got == m, (got, m)
-            iw.append(buf)
-            topo_passes += 1
-            g0 = g1
+        topo_passes = _permute_topology(old_indptr, old_indices, new_indptr, perm, inv, iw, budget)
         w.finish_array(iw)
         # --- node arrays
         feat_passes = 0
@@ -512,14 +545,14 @@ def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overw
             w.finish_array(fw)
         shutil.rmtree(w.tmp / "_spool", ignore_errors=True)
         if ds.has("labels"):
-            w.write_array("labels", ds.labels[perm])
+            w.write_array("labels", ds.raw(ARRAY_NAMES["labels"]).read_all()[perm])  # not cached in ds
         for s in ("train", "valid", "test"):
             if ds.has(s):
                 w.write_array(s, np.sort(inv[ds.split(s)]))
         w.write_array("partition_offsets", offsets)
-        orig = ds.load("nodes/perm")[perm] if ds.has("nodes/perm") else perm
+        orig = ds.raw("nodes/perm").read_all()[perm] if ds.has("nodes/perm") else perm
         w.write_array("nodes/perm", orig.astype(np.int64, copy=False))
-        del orig
+        del orig, perm, inv  # node-sized, not needed by the buckets or the commit's checks
         # --- edge buckets (i -> j) stored destination-major: bucket (i, j) at index j * P + i
         if edge_buckets:
             new_indices = RawArray(w.arrays_root / ARRAY_NAMES["indices"])
@@ -531,7 +564,8 @@ def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overw
             for j in range(num_parts):
                 a, b = int(offsets[j]), int(offsets[j + 1])
                 ea, eb = int(new_indptr[a]), int(new_indptr[b])
-                if (eb - ea) * 2 * old_indices.dtype.itemsize > budget:
+                # the partition's lists, its bucket sources and destinations, one more writer chunk
+                if (eb - ea) * 3 * old_indices.dtype.itemsize + max(chunk_bytes) > budget:
                     raise ValueError(f"partition {j} has {eb - ea:,} in-edges, more than the memory "
                                      f"budget {format_bytes(budget)} holds for edge buckets; use more "
                                      "partitions, a larger --memory-budget or --no-edge-buckets")
@@ -543,9 +577,11 @@ def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overw
                 sw.append(so)
                 dw.append(do)
             new_indices.close()
+            del idx, so, do
             w.finish_array(sw)
             w.finish_array(dw)
             w.write_array("partitions/buckets/offsets", boff)
+        del new_indptr
         man = {k: v for k, v in ds.manifest.items()
                if k not in ("format_version", "created", "tool", "tool_version", "sources", "arrays")}
         summary = result.summary()

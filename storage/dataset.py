@@ -25,7 +25,7 @@ import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -83,6 +83,11 @@ def _remove_stale_partials(out: Path) -> None:
             continue
         if not _pid_alive(pid):
             shutil.rmtree(p, ignore_errors=True)
+
+
+def _slices(n: int, step: int) -> Iterator[tuple[int, int]]:
+    """``(a, b)`` covering ``[0, n)`` in slices of ``step``."""
+    return ((a, min(a + step, n)) for a in range(0, n, step))
 
 
 class DatasetWriter:
@@ -401,8 +406,10 @@ class Dataset:
         ip = self.raw("indptr").read_all()
         if ip.shape != (n + 1,):
             problems.append(f"topology/indptr has shape {ip.shape}, expected ({n + 1},)")
-        elif ip[0] != 0 or (n > 0 and np.any(np.diff(ip) < 0)) or ip[-1] != self.num_edges:
+        elif ip[0] != 0 or ip[-1] != self.num_edges or any(
+                np.any(ip[a + 1:b + 1] < ip[a:b]) for a, b in _slices(n, 1 << 20)):
             problems.append("topology/indptr is not a monotone offset array from 0 to E")
+        del ip  # checked in slices: no node-sized temporaries (this runs inside `ooc partition`'s budget)
         idx = self.raw("indices")
         step = 1 << 24
         for s in range(0, idx.shape[0], step):
@@ -441,7 +448,12 @@ class Dataset:
                 problems.append("partitions/offsets must rise strictly from 0 to N (no empty partition)")
         if "nodes/perm" in arrays:  # written by `ooc partition`: perm[new id] = original id
             perm = self.raw("nodes/perm").read_all()
-            if perm.shape != (n,) or not np.array_equal(np.sort(perm), np.arange(n)):
+            ok = perm.shape == (n,) and (n == 0 or (perm.min() >= 0 and perm.max() < n))
+            if ok:  # n ids in [0, N) that hit every id once: a permutation (1 byte per node to check)
+                hit = np.zeros(n, dtype=np.bool_)
+                hit[perm] = True
+                ok = bool(hit.all())
+            if not ok:
                 problems.append("nodes/perm is not a permutation of [0, N)")
         return problems
 

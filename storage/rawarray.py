@@ -381,7 +381,7 @@ class RawArrayWriter:
         key = "c/" + "/".join([str(self._chunk)] + ["0"] * len(self.row_shape))
         target = self.path / key
         target.parent.mkdir(parents=True, exist_ok=True)
-        data = self._pending.tobytes()
+        data = memoryview(self._pending).cast("B")  # no copy of the chunk
         with open(target, "wb") as f:
             f.write(data)
         self.checksums[key] = hashlib.blake2b(data, digest_size=16).hexdigest()
@@ -402,6 +402,7 @@ class RawArrayWriter:
         meta = _array_metadata(shape, self.dtype, self.chunk_rows, self.attributes)
         (self.path / "zarr.json").write_text(json.dumps(meta, indent=2))
         self._closed = True
+        self._pending = None  # the chunk buffer is not kept alive by a closed writer
         return {"shape": list(shape), "dtype": self.dtype.name, "chunk_rows": self.chunk_rows,
                 "checksums": self.checksums}
 

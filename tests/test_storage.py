@@ -100,6 +100,31 @@ def test_writer_refuses_invalid_dataset(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+@pytest.mark.parametrize("bad,match", [
+    ("indptr", "not a monotone offset array"), ("perm_dup", "nodes/perm is not a permutation"),
+    ("perm_range", "nodes/perm is not a permutation")])
+def test_writer_refuses_bad_indptr_or_perm(tmp_path: Path, bad: str, match: str) -> None:
+    """The checks run in slices of 2^20 nodes: a decrease of indptr right after a slice boundary,
+    a repeated id and an out-of-range id in ``nodes/perm`` are all caught, at 2^20 + 5 nodes."""
+    n = (1 << 20) + 5
+    indptr = np.arange(n + 1, dtype=np.int64)
+    indices = np.zeros(n, dtype=np.int32)
+    perm = np.arange(n, dtype=np.int64)[::-1].copy()
+    if bad == "indptr":
+        indptr[(1 << 20) + 1] = indptr[1 << 20] - 1  # drops across the first slice boundary
+    elif bad == "perm_dup":
+        perm[-1] = perm[0]
+    else:
+        perm[3] = n
+    with pytest.raises(DatasetError, match=match):
+        with DatasetWriter(tmp_path / "ds") as w:
+            w.write_array("indptr", indptr)
+            w.write_array("indices", indices)
+            w.write_array("nodes/perm", perm)
+            w.commit(num_nodes=n)
+    assert not (tmp_path / "ds").exists()
+
+
 def test_existing_output_needs_overwrite(tmp_path: Path) -> None:
     small_dataset(tmp_path / "d", 3, [0], [1])
     with pytest.raises(FileExistsError, match="--overwrite"):
