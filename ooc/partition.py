@@ -526,6 +526,7 @@ def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overw
             f"{format_bytes(_MIN_GROUP_BYTES)} for rewrite groups; use at least "
             f"{format_bytes(held + _MIN_GROUP_BYTES)}; nothing was written")
     budget = group_budget
+    result.extra.update(held_bytes=held, group_bytes=group_budget)
     t0 = time.perf_counter()
     with DatasetWriter(out, overwrite=overwrite) as w:
         w.sources = list(ds.manifest.get("sources", []))

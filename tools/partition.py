@@ -16,7 +16,10 @@ def _cmd_partition(args: argparse.Namespace) -> int:
                                   edge_buckets=not args.no_edge_buckets, tol=args.tolerance,
                                   overwrite=args.overwrite)
     print(res.format())
-    print(f"wrote {path} (rewrite groups of at most {format_bytes(parse_bytes(args.memory_budget))})")
+    held, group = res.extra.get("held_bytes"), res.extra.get("group_bytes")
+    split = (f": {format_bytes(held)} of index arrays kept whole, {format_bytes(group)} for rewrite groups"
+             if held is not None else "")
+    print(f"wrote {path} (memory budget {format_bytes(parse_bytes(args.memory_budget))}{split})")
     return 0
 
 
