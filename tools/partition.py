@@ -17,8 +17,8 @@ def _cmd_partition(args: argparse.Namespace) -> int:
                                   overwrite=args.overwrite)
     print(res.format())
     held, group = res.extra.get("held_bytes"), res.extra.get("group_bytes")
-    split = (f": {format_bytes(held)} held whole (index arrays, one output chunk), {format_bytes(group)} for rewrite groups"
-             if held is not None else "")
+    split = (f": {format_bytes(held)} held whole (index arrays, one output chunk), "
+             f"{format_bytes(group)} for rewrite groups" if held is not None else "")
     print(f"wrote {path} (memory budget {format_bytes(parse_bytes(args.memory_budget))}{split})")
     return 0
 
