@@ -34,10 +34,11 @@ import os
 import random
 import resource
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -227,9 +228,12 @@ def evaluate(model: nn.Module, loader: BatchLoader, ids: np.ndarray, num_layers:
 def evaluate_with_loss(model: nn.Module, loader: BatchLoader, ids: np.ndarray, num_layers: int,
                        batch_size: int, device: torch.device | str = "cpu",
                        multilabel: bool = False,
-                       fanouts: list[int] | None = None) -> tuple[float, float]:
+                       fanouts: list[int] | None = None, overlap: bool = True) -> tuple[float, float]:
     """:func:`evaluate` and the mean loss on ``ids`` (cross-entropy, or binary cross-entropy when
-    ``multilabel``; nodes labelled -1 are left out of the multi-class loss).
+    ``multilabel``; nodes labelled -1 are left out of the multi-class loss).  With ``overlap`` the
+    next batch is sampled and gathered on a background thread while the model runs on this one
+    (at most two batches alive, as the engine's budget plans); without it, all on the caller's
+    thread.  Batches are keyed by their index, so the result is the same either way.
 
     Returns:
         ``(score in [0, 1], loss)``; ``(0.0, 0.0)`` if ``ids`` is empty.
@@ -246,9 +250,9 @@ def evaluate_with_loss(model: nn.Module, loader: BatchLoader, ids: np.ndarray, n
     model.eval()
     correct = total = tp = err = 0
     loss_sum, loss_n = 0.0, 0
-    with torch.no_grad():
-        for i in range(0, ids.shape[0], batch_size):
-            b = loader.make_batch(i, ids[i:i + batch_size], epoch=-1, fanouts=fo)
+    for b in _ahead_of_use(lambda i: loader.make_batch(i, ids[i:i + batch_size], epoch=-1, fanouts=fo),
+                           range(0, ids.shape[0], batch_size), overlap):
+        with torch.no_grad():
             blocks, x = _to_device(b, device)
             logits = model(blocks, x).float().cpu()
             c, t, p, e = _scores(logits, b.y, multilabel)
@@ -259,6 +263,26 @@ def evaluate_with_loss(model: nn.Module, loader: BatchLoader, ids: np.ndarray, n
     if multilabel:
         return 2 * tp / max(2 * tp + err, 1), loss
     return correct / total, loss
+
+
+T = TypeVar("T")
+
+
+def _ahead_of_use(build: Callable[[int], T], keys: Iterable[int], overlap: bool) -> Iterator[T]:
+    """Yield ``build(k)`` for ``k`` in ``keys`` in order; with ``overlap`` the next item is built on
+    one worker thread while the caller uses the current one (two items alive at most)."""
+    keys = list(keys)
+    if not overlap or len(keys) < 2:
+        for k in keys:
+            yield build(k)
+        return
+    with ThreadPoolExecutor(1, thread_name_prefix="ooc-eval") as pool:
+        nxt = pool.submit(build, keys[0])
+        for j in range(len(keys)):
+            item = nxt.result()
+            nxt = pool.submit(build, keys[j + 1]) if j + 1 < len(keys) else None
+            yield item
+            del item
 
 
 def node_loss_sum(logits: torch.Tensor, y: torch.Tensor, multilabel: bool) -> tuple[float, int]:

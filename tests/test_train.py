@@ -132,20 +132,40 @@ def test_sampled_evaluation_fanouts(planted_dataset: Path, tmp_path: Path) -> No
                        eval_fanouts=[2, 2]))
     assert again["test_acc"] == samp["test_acc"] and again["val_acc"] == samp["val_acc"]
 
+    class Stop(Exception):
+        pass
+
     class Spy:
         def __init__(self) -> None:
             self.fanouts: list = []
 
         def make_batch(self, i, seeds, epoch, fanouts=None):  # noqa: ANN001, ANN202
             self.fanouts.append(fanouts)
-            raise StopIteration
+            raise Stop
 
     spy = Spy()
-    with pytest.raises(StopIteration):
+    with pytest.raises(Stop):
         evaluate(torch.nn.Identity(), spy, np.arange(10), 2, 4, fanouts=[3, 2])
-    with pytest.raises(StopIteration):
+    with pytest.raises(Stop):
         evaluate(torch.nn.Identity(), spy, np.arange(10), 2, 4)
     assert spy.fanouts == [[3, 2], [-1, -1]]
+    # batches built ahead on the loader thread (default) score exactly as built in the caller's thread
+    from ooc.storage.dataset import Dataset
+    from ooc.train import NodeTask, evaluate_with_loss, make_model
+    cfg = _cfg(planted_dataset, tmp_path / "samp", epochs=1, mode="hybrid", eval_fanouts=[2, 2])
+    cfg.validate()
+    ds = Dataset(planted_dataset)
+    task = NodeTask(cfg, ds)
+    try:
+        model = make_model(cfg, ds.feat_dim, task.out_dim)
+        model.load_state_dict(torch.load(tmp_path / "samp" / "model.pt", weights_only=True))
+        test_ids = ds.split("test")
+        ahead = evaluate_with_loss(model, task.data.loader, test_ids, 2, 8, fanouts=[2, 2])
+        inline = evaluate_with_loss(model, task.data.loader, test_ids, 2, 8, fanouts=[2, 2], overlap=False)
+        assert ahead == inline and ahead[0] > 0.5  # chance is 0.25
+    finally:
+        task.close()
+        ds.close()
     with pytest.raises(ValueError, match="one per layer"):
         evaluate(torch.nn.Identity(), spy, np.arange(10), 2, 4, fanouts=[3])
     with pytest.raises(ValueError, match="one entry per layer"):
