@@ -462,6 +462,88 @@ def _draw_hop(indptr, indices, cumw, excl, nodes, n_dst, fanout, replace, hkey, 
                   nbrs, eids, wkey, want_eid, labor, ptr[i])
 
 
+@njit(cache=True, nogil=True, parallel=True)
+def _count_hop_uniform(indptr, nodes, n_dst, fanout, replace, start, deg, ptr):
+    """Uniform draws without exclusions: ``ptr`` [n_dst+1] <- draw offsets, and every frontier node's
+    first in-edge ``start`` int64 [n_dst] and in-degree ``deg`` int64 [n_dst].
+
+    Same counts as :func:`_count_hop`; the loop body is two independent loads per node, so the CPU
+    overlaps the cache misses of many nodes, and the draw step reads ``start``/``deg`` sequentially
+    instead of ``indptr`` a second time at random.
+    """
+    ptr[0] = 0
+    for i in prange(n_dst):
+        v = np.int64(nodes[i])
+        s = indptr[v]
+        dg = indptr[v + 1] - s
+        start[i] = s
+        deg[i] = dg
+        if fanout < 0:
+            k = dg
+        elif replace:
+            k = fanout if dg > 0 else 0
+        else:
+            k = dg if dg < fanout else fanout
+        ptr[i + 1] = k
+    for i in range(n_dst):
+        ptr[i + 1] += ptr[i]
+
+
+#: frontier nodes per block of :func:`_draw_hop_uniform` (positions of a block stay in L1/L2)
+_DRAW_BLOCK = 256
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _draw_hop_uniform(indices, nodes, n_dst, fanout, replace, hkey, start, deg, ptr, pos, nbrs,
+                      eids, want_eid):
+    """Uniform draws of every frontier node into ``nbrs`` (global ids) at its ``ptr`` offsets.
+
+    Bit-identical to :func:`_draw_hop` for uniform sampling without exclusions, in two passes per
+    block of :data:`_DRAW_BLOCK` nodes: first the edge positions of all draws (Floyd's algorithm or
+    independent draws with replacement: arithmetic on ``start``/``deg`` only, no memory misses) into
+    ``pos`` int64 [m], then ``nbrs[e] = indices[pos[e]]``, a loop of independent loads whose cache
+    misses the CPU overlaps (memory-level parallelism, instead of one node's misses at a time).
+    """
+    nblocks = (n_dst + _DRAW_BLOCK - 1) // _DRAW_BLOCK
+    for b in prange(nblocks):
+        lo = b * _DRAW_BLOCK
+        hi = min(n_dst, lo + _DRAW_BLOCK)
+        for i in range(lo, hi):
+            out = ptr[i]
+            k = ptr[i + 1] - out
+            s = start[i]
+            dg = deg[i]
+            if k == 0:
+                continue
+            if k == dg and not (replace and fanout >= 0):
+                for d in range(dg):
+                    pos[out + d] = s + d
+                continue
+            vkey = mix_key(hkey, np.int64(nodes[i]))
+            if replace:
+                for d in range(k):
+                    pos[out + d] = s + rand_below(mix_key(vkey, d), dg)
+                continue
+            # Robert Floyd's algorithm: k distinct offsets out of dg (as in _draw)
+            c = 0
+            for j in range(dg - k, dg):
+                t = rand_below(mix_key(vkey, j), j + 1)
+                dup = False
+                for q in range(c):
+                    if pos[out + q] == t:
+                        dup = True
+                        break
+                pos[out + c] = j if dup else t
+                c += 1
+            for d in range(k):
+                pos[out + d] += s
+        for e in range(ptr[lo], ptr[hi]):
+            nbrs[e] = indices[pos[e]]
+        if want_eid:
+            for e in range(ptr[lo], ptr[hi]):
+                eids[e] = pos[e]
+
+
 # The driver is serial Numba code (no Python between hops) that calls the parallel steps above;
 # keeping the prange loops in their own functions with arrays as arguments avoids a Numba parfors
 # miscompilation seen when arrays are re-allocated between prange loops of one function.
@@ -476,6 +558,7 @@ def _sample_hops(indptr, indices, cumw, npos, excl, seeds, fanouts, replace, lab
     n0 = seeds.shape[0]
     weighted = cumw.shape[0] > 0
     dense = dmap.shape[0] > 0
+    uniform = not weighted and not labor and excl.shape[0] == 0
     # seeds: first local ids; the table must hold them
     cap_bits = max(cap_bits, tbits + 6)
     while (np.int64(1) << cap_bits) < 2 * n0 + 64:
@@ -504,7 +587,13 @@ def _sample_hops(indptr, indices, cumw, npos, excl, seeds, fanouts, replace, lab
         fanout = fanouts[h]
         hkey = mix_key(key, h)
         ptr = np.empty(n_dst + 1, dtype=np.int64)
-        _count_hop(indptr, indices, cumw, npos, excl, nodes, n_dst, fanout, replace, labor, hkey, ptr)
+        if uniform:
+            start = np.empty(n_dst, dtype=np.int64)
+            deg = np.empty(n_dst, dtype=np.int64)
+            _count_hop_uniform(indptr, nodes, n_dst, fanout, replace, start, deg, ptr)
+        else:
+            _count_hop(indptr, indices, cumw, npos, excl, nodes, n_dst, fanout, replace, labor, hkey,
+                       ptr)
         m = ptr[n_dst]
         if nbrs.shape[0] < m:
             nbrs = np.empty(max(m, 2 * nbrs.shape[0]), dtype=nbrs.dtype)
@@ -512,8 +601,13 @@ def _sample_hops(indptr, indices, cumw, npos, excl, seeds, fanouts, replace, lab
         if weighted and not replace and wkey.shape[0] < m:
             wkey = np.empty(max(m, 2 * wkey.shape[0]), dtype=np.float64)
         eids = np.empty(m if want_eid else 0, dtype=np.int64)
-        _draw_hop(indptr, indices, cumw, excl, nodes, n_dst, fanout, replace, hkey, nbrs, eids, wkey,
-                  want_eid, labor, ptr)
+        if uniform:
+            # edge positions of the draws (newslot is free until the relabel step)
+            _draw_hop_uniform(indices, nodes, n_dst, fanout, replace, hkey, start, deg, ptr,
+                              newslot, nbrs, eids, want_eid)
+        else:
+            _draw_hop(indptr, indices, cumw, excl, nodes, n_dst, fanout, replace, hkey, nbrs, eids,
+                      wkey, want_eid, labor, ptr)
         # relabel
         need = count + m
         if nodes.shape[0] < need:
