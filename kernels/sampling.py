@@ -750,8 +750,11 @@ def _sample_hops(indptr, indices, cumw, npos, excl, seeds, fanouts, replace, lab
         # a hop expected to draw few edges runs on this thread only
         small = fanout >= 0 and n_dst * fanout < _SERIAL_HOP_EDGES
         if uniform:
-            start = np.empty(n_dst, dtype=np.int64)
-            deg = np.empty(n_dst, dtype=np.int64)
+            # start/deg live in sortbuf, free until the relabel step (no fresh pages per hop)
+            if sortbuf.shape[0] < 2 * n_dst:
+                sortbuf = np.empty(max(2 * n_dst, 2 * sortbuf.shape[0]), dtype=np.int64)
+            start = sortbuf[:n_dst]
+            deg = sortbuf[n_dst:2 * n_dst]
             _count_hop_uniform(indptr, nodes, n_dst, fanout, replace, start, deg, ptr, small)
         else:
             _count_hop(indptr, indices, cumw, npos, excl, nodes, n_dst, fanout, replace, labor, hkey,
