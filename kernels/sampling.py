@@ -12,11 +12,19 @@ hops), with ``prange`` over the frontier for sampling and over hash-table shards
   replacement); Efraimidis & Spirakis' exponential keys (``-log U / w``, the ``k`` smallest; "Weighted
   random sampling with a reservoir", IPL 2006) for edge-weighted draws without replacement; inverse-CDF
   binary search over per-node cumulative weights with replacement.
-- **relabelling**: one open-addressing hash table per worker thread (reused across batches: entries
-  carry a generation tag, so nothing is cleared between batches), split into shards by the top bits of
-  a Fibonacci hash.  Each shard is filled by one thread scanning the hop's sampled ids in order, so the
-  first occurrence of every new node is found without atomics; a sequential pass then numbers new
-  nodes in first-seen order.  The result (local ids, node order) is the same for any thread count.
+- **uniform draws** run in two passes per block of frontier nodes: the edge positions of all draws
+  (arithmetic on each node's start and degree, read once per hop), then a tight gather
+  ``indices[pos]`` whose cache misses the CPU overlaps; hops expected to draw few edges stay on the
+  calling thread.
+- **relabelling**: new nodes are numbered in first-seen order, found by one of three equivalent
+  methods -- a dense id map (``N`` up to 2**21: fits the caches), a sort of the hop's ids (radix sort
+  of ``(id, edge)`` keys merged with the sorted ids of the nodes so far: sequential passes only, for
+  larger graphs, where a map lookup per edge is a cache miss), or, for ids of 2**31 and above, one
+  open-addressing hash table per worker thread (generation-tagged entries, so nothing is cleared
+  between batches), split into shards by the top bits of a Fibonacci hash.  Map and table shards are
+  filled by one thread each, scanning the hop's sampled ids in order, so the first occurrence of
+  every new node is found without atomics; a sequential pass then numbers new nodes in first-seen
+  order.  The result (local ids, node order) is the same for any method and thread count.
 
 Because the source nodes of hop ``h`` start with its destination nodes, the node lists are nested --
 seeds, then the new nodes of hop 0, then of hop 1, ... -- so the ``num_src`` of every block is a prefix
@@ -166,6 +174,118 @@ def _relabel_dense(dmap: np.ndarray, gen: int, nbrs: np.ndarray, m: int, local: 
         elif x < 0:
             local[e] = local[-x - 1]
     return count
+
+
+@njit(cache=True, nogil=True)
+def _radix_sort_ids(keys: np.ndarray, tmp: np.ndarray, m: int, vbits: int) -> None:
+    """Stable LSD radix sort of ``keys[:m]`` (int64 ``(id << 32) | edge``) by the id only.
+
+    ``vbits`` = bits of the largest id; 2 passes of <= 12-bit digits for ids below 2**24 (a 32 KB
+    histogram stays in L1/L2).  Because the input is in edge order and every pass is stable, equal
+    ids end up in edge order, so each run starts with the id's first occurrence.  ``tmp`` int64
+    [>= m] is scratch; the result is in ``keys``.
+    """
+    npass = max(1, (vbits + 11) // 12)
+    dbits = (vbits + npass - 1) // npass
+    nb = np.int64(1) << dbits
+    mask = nb - 1
+    cnt = np.empty(nb, dtype=np.int64)
+    src = keys
+    dst = tmp
+    for q in range(npass):
+        shift = 32 + q * dbits
+        cnt[:] = 0
+        for e in range(m):
+            cnt[(src[e] >> shift) & mask] += 1
+        acc = 0
+        for b in range(nb):
+            c = cnt[b]
+            cnt[b] = acc
+            acc += c
+        for e in range(m):
+            x = src[e]
+            b = (x >> shift) & mask
+            dst[cnt[b]] = x
+            cnt[b] += 1
+        src, dst = dst, src
+    if npass % 2 == 1:
+        for e in range(m):
+            keys[e] = tmp[e]
+
+
+@njit(cache=True, nogil=True)
+def _relabel_sorted(nbrs: np.ndarray, m: int, local: np.ndarray, nodes: np.ndarray, count: int,
+                    sid: np.ndarray, slocal: np.ndarray, keys: np.ndarray, tmp: np.ndarray,
+                    vbits: int, keep_sorted: bool) -> tuple:
+    """:func:`_relabel_hop` by sorting instead of hashing: no id-sized map, no random accesses
+    outside the hop's own arrays.
+
+    The hop's ids are radix-sorted with their edge index (:func:`_radix_sort_ids`), each run of equal
+    ids is merged against ``sid`` (int64 [count], ids of the nodes so far, ascending) with their local
+    ids ``slocal`` (int64 [count]); a known id gives its local id to the run's edges, a new one points
+    them at its first occurrence; a sequential pass over the edges (as in :func:`_relabel_hop`)
+    numbers new nodes in first-seen order.  The id set is thus found with sequential passes (the same
+    approach as sort-based unique in GPU samplers), which beats a random access per edge into an
+    ``N``-sized map when ``N`` is far beyond the caches.
+
+    Args:
+        nbrs: [>= m] the hop's sampled global ids (< 2**31); local: int32 [m] output local ids;
+        nodes: [>= count + m] node list, new nodes appended; keys, tmp: int64 [>= m] scratch;
+        vbits: bit length of the largest node id; keep_sorted: also return the merged id set.
+
+    Returns:
+        ``(new count, sid', slocal')``: the sorted ids and local ids of all ``new count`` nodes when
+        ``keep_sorted``, else ``sid``/``slocal`` unchanged.
+    """
+    for e in range(m):
+        keys[e] = (np.int64(nbrs[e]) << 32) | e
+    _radix_sort_ids(keys, tmp, m, vbits)
+    # merge the runs with the known ids; new ids (their first key) are collected in tmp, ascending
+    j = 0
+    nnew = 0
+    e0 = 0
+    while e0 < m:
+        key0 = keys[e0]
+        v = key0 >> 32
+        e1 = e0 + 1
+        while e1 < m and (keys[e1] >> 32) == v:
+            e1 += 1
+        while j < count and sid[j] < v:
+            j += 1
+        if j < count and sid[j] == v:
+            lid = slocal[j]
+        else:
+            lid = -((key0 & 0xFFFFFFFF) + 1)
+            tmp[nnew] = key0
+            nnew += 1
+        for q in range(e0, e1):
+            local[keys[q] & 0xFFFFFFFF] = lid
+        e0 = e1
+    old = count
+    for e in range(m):
+        x = local[e]
+        if x == -(e + 1):
+            local[e] = count
+            nodes[count] = nbrs[e]
+            count += 1
+        elif x < 0:
+            local[e] = local[-x - 1]
+    if not keep_sorted:
+        return count, sid, slocal
+    sid2 = np.empty(count, dtype=np.int64)
+    slocal2 = np.empty(count, dtype=np.int64)
+    a = 0
+    b = 0
+    for o in range(count):
+        if b >= nnew or (a < old and sid[a] < (tmp[b] >> 32)):
+            sid2[o] = sid[a]
+            slocal2[o] = slocal[a]
+            a += 1
+        else:
+            sid2[o] = tmp[b] >> 32
+            slocal2[o] = local[tmp[b] & 0xFFFFFFFF]
+            b += 1
+    return count, sid2, slocal2
 
 
 @njit(cache=True, nogil=True)
@@ -462,20 +582,135 @@ def _draw_hop(indptr, indices, cumw, excl, nodes, n_dst, fanout, replace, hkey, 
                   nbrs, eids, wkey, want_eid, labor, ptr[i])
 
 
+@njit(cache=True, nogil=True)
+def _count_range(indptr, nodes, lo, hi, fanout, replace, start, deg, ptr):
+    """``ptr[i+1]`` <- draws of frontier node ``i`` (not yet summed), and its first in-edge
+    ``start[i]`` and in-degree ``deg[i]``, for ``i`` in ``[lo, hi)``; counts as :func:`_num_draws`."""
+    for i in range(lo, hi):
+        v = np.int64(nodes[i])
+        s = indptr[v]
+        dg = indptr[v + 1] - s
+        start[i] = s
+        deg[i] = dg
+        if fanout < 0:
+            k = dg
+        elif replace:
+            k = fanout if dg > 0 else 0
+        else:
+            k = dg if dg < fanout else fanout
+        ptr[i + 1] = k
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _count_hop_uniform(indptr, nodes, n_dst, fanout, replace, start, deg, ptr, serial):
+    """Uniform draws without exclusions: ``ptr`` [n_dst+1] <- draw offsets, and every frontier node's
+    first in-edge ``start`` int64 [n_dst] and in-degree ``deg`` int64 [n_dst].
+
+    Same counts as :func:`_count_hop`; the loop body is two independent loads per node, so the CPU
+    overlaps the cache misses of many nodes, and the draw step reads ``start``/``deg`` sequentially
+    instead of ``indptr`` a second time at random.  ``serial``: run on the calling thread only
+    (small hops, where waking the thread pool costs more than the work).
+    """
+    ptr[0] = 0
+    if serial:
+        _count_range(indptr, nodes, 0, n_dst, fanout, replace, start, deg, ptr)
+    else:
+        nblocks = (n_dst + _COUNT_BLOCK - 1) // _COUNT_BLOCK
+        for b in prange(nblocks):
+            _count_range(indptr, nodes, b * _COUNT_BLOCK, min(n_dst, (b + 1) * _COUNT_BLOCK),
+                         fanout, replace, start, deg, ptr)
+    for i in range(n_dst):
+        ptr[i + 1] += ptr[i]
+
+
+#: frontier nodes per block of :func:`_count_hop_uniform`
+_COUNT_BLOCK = 4096
+#: hops of uniform draws expected to draw fewer edges than this run on the calling thread
+_SERIAL_HOP_EDGES = 20_000
+#: frontier nodes per block of :func:`_draw_hop_uniform` (positions of a block stay in L1/L2)
+_DRAW_BLOCK = 256
+
+
+@njit(cache=True, nogil=True)
+def _draw_block(indices, nodes, lo, hi, fanout, replace, hkey, start, deg, ptr, pos, nbrs, eids,
+                want_eid):
+    """Uniform draws of frontier nodes ``[lo, hi)``: edge positions into ``pos``, then the gather."""
+    for i in range(lo, hi):
+        out = ptr[i]
+        k = ptr[i + 1] - out
+        s = start[i]
+        dg = deg[i]
+        if k == 0:
+            continue
+        if k == dg and not (replace and fanout >= 0):
+            for d in range(dg):
+                pos[out + d] = s + d
+            continue
+        vkey = mix_key(hkey, np.int64(nodes[i]))
+        if replace:
+            for d in range(k):
+                pos[out + d] = s + rand_below(mix_key(vkey, d), dg)
+            continue
+        # Robert Floyd's algorithm: k distinct offsets out of dg (as in _draw)
+        c = 0
+        for j in range(dg - k, dg):
+            t = rand_below(mix_key(vkey, j), j + 1)
+            dup = False
+            for q in range(c):
+                if pos[out + q] == t:
+                    dup = True
+                    break
+            pos[out + c] = j if dup else t
+            c += 1
+        for d in range(k):
+            pos[out + d] += s
+    for e in range(ptr[lo], ptr[hi]):
+        nbrs[e] = indices[pos[e]]
+    if want_eid:
+        for e in range(ptr[lo], ptr[hi]):
+            eids[e] = pos[e]
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _draw_hop_uniform(indices, nodes, n_dst, fanout, replace, hkey, start, deg, ptr, pos, nbrs,
+                      eids, want_eid, serial):
+    """Uniform draws of every frontier node into ``nbrs`` (global ids) at its ``ptr`` offsets.
+
+    Bit-identical to :func:`_draw_hop` for uniform sampling without exclusions, in two passes per
+    block of :data:`_DRAW_BLOCK` nodes: first the edge positions of all draws (Floyd's algorithm or
+    independent draws with replacement: arithmetic on ``start``/``deg`` only, no memory misses) into
+    ``pos`` int64 [m], then ``nbrs[e] = indices[pos[e]]``, a loop of independent loads whose cache
+    misses the CPU overlaps (memory-level parallelism, instead of one node's misses at a time).
+    ``eids`` int64 [m] receives the positions when ``want_eid``.  ``serial``: calling thread only.
+    """
+    nblocks = (n_dst + _DRAW_BLOCK - 1) // _DRAW_BLOCK
+    if serial:
+        for b in range(nblocks):
+            _draw_block(indices, nodes, b * _DRAW_BLOCK, min(n_dst, (b + 1) * _DRAW_BLOCK), fanout,
+                        replace, hkey, start, deg, ptr, pos, nbrs, eids, want_eid)
+        return
+    for b in prange(nblocks):
+        _draw_block(indices, nodes, b * _DRAW_BLOCK, min(n_dst, (b + 1) * _DRAW_BLOCK), fanout,
+                    replace, hkey, start, deg, ptr, pos, nbrs, eids, want_eid)
+
+
 # The driver is serial Numba code (no Python between hops) that calls the parallel steps above;
 # keeping the prange loops in their own functions with arrays as arguments avoids a Numba parfors
 # miscompilation seen when arrays are re-allocated between prange loops of one function.
 @njit(cache=True, nogil=True)
 def _sample_hops(indptr, indices, cumw, npos, excl, seeds, fanouts, replace, labor, key, want_eid,
-                 tab, cap_bits, tbits, gen, nodes, nbrs, newslot, wkey, dmap, dgen):
+                 tab, cap_bits, tbits, gen, nodes, nbrs, newslot, wkey, dmap, dgen, sortbuf, vbits):
     """All hops of one batch; see :func:`neighbor_sample`.  Scratch arrays may be grown (returned).
 
-    ``dmap`` non-empty (int64 [N]) selects the dense id map instead of the hash table.
+    Relabelling: ``dmap`` non-empty (int64 [N]) selects the dense id map; else ``vbits > 0`` (bit
+    length of the largest node id, < 32) sorting (:func:`_relabel_sorted`, scratch ``newslot`` and
+    ``sortbuf``); else the hash table.
     """
     num_hops = fanouts.shape[0]
     n0 = seeds.shape[0]
     weighted = cumw.shape[0] > 0
     dense = dmap.shape[0] > 0
+    uniform = not weighted and not labor and excl.shape[0] == 0
     # seeds: first local ids; the table must hold them
     cap_bits = max(cap_bits, tbits + 6)
     while (np.int64(1) << cap_bits) < 2 * n0 + 64:
@@ -486,9 +721,17 @@ def _sample_hops(indptr, indices, cumw, npos, excl, seeds, fanouts, replace, lab
         nodes = np.empty(2 * n0, dtype=nodes.dtype)
     for i in range(n0):
         nodes[i] = seeds[i]
+    sorted_ids = not dense and vbits > 0
+    sid = np.empty(0, dtype=np.int64)
+    slocal = np.empty(0, dtype=np.int64)
     if dense:
         for i in range(n0):
             dmap[np.int64(seeds[i])] = (np.int64(dgen) << 32) | i
+    elif sorted_ids:
+        slocal = np.argsort(seeds.astype(np.int64))
+        sid = np.empty(n0, dtype=np.int64)
+        for i in range(n0):
+            sid[i] = seeds[slocal[i]]
     else:
         _rebuild_table(tab, cap_bits, cap_bits - tbits, gen, nodes, n0)
     count = n0
@@ -504,7 +747,18 @@ def _sample_hops(indptr, indices, cumw, npos, excl, seeds, fanouts, replace, lab
         fanout = fanouts[h]
         hkey = mix_key(key, h)
         ptr = np.empty(n_dst + 1, dtype=np.int64)
-        _count_hop(indptr, indices, cumw, npos, excl, nodes, n_dst, fanout, replace, labor, hkey, ptr)
+        # a hop expected to draw few edges runs on this thread only
+        small = fanout >= 0 and n_dst * fanout < _SERIAL_HOP_EDGES
+        if uniform:
+            # start/deg live in sortbuf, free until the relabel step (no fresh pages per hop)
+            if sortbuf.shape[0] < 2 * n_dst:
+                sortbuf = np.empty(max(2 * n_dst, 2 * sortbuf.shape[0]), dtype=np.int64)
+            start = sortbuf[:n_dst]
+            deg = sortbuf[n_dst:2 * n_dst]
+            _count_hop_uniform(indptr, nodes, n_dst, fanout, replace, start, deg, ptr, small)
+        else:
+            _count_hop(indptr, indices, cumw, npos, excl, nodes, n_dst, fanout, replace, labor, hkey,
+                       ptr)
         m = ptr[n_dst]
         if nbrs.shape[0] < m:
             nbrs = np.empty(max(m, 2 * nbrs.shape[0]), dtype=nbrs.dtype)
@@ -512,8 +766,13 @@ def _sample_hops(indptr, indices, cumw, npos, excl, seeds, fanouts, replace, lab
         if weighted and not replace and wkey.shape[0] < m:
             wkey = np.empty(max(m, 2 * wkey.shape[0]), dtype=np.float64)
         eids = np.empty(m if want_eid else 0, dtype=np.int64)
-        _draw_hop(indptr, indices, cumw, excl, nodes, n_dst, fanout, replace, hkey, nbrs, eids, wkey,
-                  want_eid, labor, ptr)
+        if uniform:
+            # edge positions of the draws (newslot is free until the relabel step)
+            _draw_hop_uniform(indices, nodes, n_dst, fanout, replace, hkey, start, deg, ptr,
+                              newslot, nbrs, eids, want_eid, small)
+        else:
+            _draw_hop(indptr, indices, cumw, excl, nodes, n_dst, fanout, replace, hkey, nbrs, eids,
+                      wkey, want_eid, labor, ptr)
         # relabel
         need = count + m
         if nodes.shape[0] < need:
@@ -525,7 +784,13 @@ def _sample_hops(indptr, indices, cumw, npos, excl, seeds, fanouts, replace, lab
         while dense:
             count = _relabel_dense(dmap, dgen, nbrs, m, local, nodes, count, np.int64(1) << tbits)
             break
-        while not dense:
+        while sorted_ids:
+            if sortbuf.shape[0] < m:
+                sortbuf = np.empty(max(m, 2 * sortbuf.shape[0]), dtype=np.int64)
+            count, sid, slocal = _relabel_sorted(nbrs, m, local, nodes, count, sid, slocal, newslot,
+                                                 sortbuf, vbits, h + 1 < num_hops)
+            break
+        while not dense and not sorted_ids:
             grew = False
             while (np.int64(1) << cap_bits) < 2 * need:
                 cap_bits += 1
@@ -570,7 +835,7 @@ def _sample_hops(indptr, indices, cumw, npos, excl, seeds, fanouts, replace, lab
     for i in range(count):
         out_nodes[i] = nodes[i]
     return (out_nodes, sizes, ptr_all, ptr_off, idx_all, idx_off, eid_all,
-            tab, cap_bits, nodes, nbrs, newslot, wkey)
+            tab, cap_bits, nodes, nbrs, newslot, wkey, sortbuf)
 
 
 # ------------------------------------------------------------------------------------------ workspace
@@ -591,6 +856,7 @@ class Workspace:
         self.wkey = np.empty(0, dtype=np.float64)
         self.dmap = np.empty(0, dtype=np.int64)
         self.dgen = 0
+        self.sortbuf = np.empty(1024, dtype=np.int64)
 
     def next_dgen(self, num_nodes: int) -> int:
         """Generation of the dense id map (int64 [N], allocated on first use for N nodes)."""
@@ -786,7 +1052,9 @@ def excluded_edge_keys(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
 _EMPTY_F = np.empty(0, dtype=np.float64)
 #: graphs with at most this many nodes relabel through a dense id map (8 bytes per node and worker
 #: thread) instead of the hash table: one memory access per id, no probing
-_DENSE_MAX_NODES = 1 << 26
+_DENSE_MAX_NODES = 1 << 21
+#: larger graphs up to this many nodes relabel by sorting (ids below 2**31); beyond, the hash table
+_SORT_MAX_NODES = 1 << 31
 #: batches expected to sample fewer edges than this run on one thread
 _SERIAL_EDGES = 20_000
 _EMPTY_I = np.empty(0, dtype=np.int64)
@@ -872,13 +1140,14 @@ def _run_hops(indptr, indices, cumw, npos, exclude, useeds, fo, replace, labor, 
     n = indptr.shape[0] - 1
     dense = n <= _DENSE_MAX_NODES
     if dense:
-        dgen = ws.next_dgen(n)
+        ws.next_dgen(n)
+    vbits = max(1, (n - 1).bit_length()) if n <= _SORT_MAX_NODES else 0
     (nodes, sizes, ptr_all, ptr_off, idx_all, idx_off, eid_all, ws.tab, cap_bits, ws.nodes, ws.nbrs,
-     ws.newslot, ws.wkey) = _sample_hops(
+     ws.newslot, ws.wkey, ws.sortbuf) = _sample_hops(
         indptr, indices, cumw, npos, excl, useeds.astype(ws.nodes.dtype, copy=False), fo,
         bool(replace), bool(labor), np.uint64(key), bool(return_eids), ws.tab, ws.cap_bits,
         _thread_bits(), gen, ws.nodes, ws.nbrs, ws.newslot, ws.wkey,
-        ws.dmap if dense else _EMPTY_I, ws.dgen if dense else 0)
+        ws.dmap if dense else _EMPTY_I, ws.dgen if dense else 0, ws.sortbuf, vbits)
     ws.cap_bits = cap_bits
     return nodes, sizes, ptr_all, ptr_off, idx_all, idx_off, eid_all
 

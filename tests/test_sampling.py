@@ -298,3 +298,51 @@ def test_ladies_layer_size_and_unbiased_weights() -> None:
     sums = np.bincount(b.dst_index(), weights=b.edge_weight, minlength=20)
     has = np.diff(b.indptr) > 0
     assert np.allclose(sums[has], np.diff(ip)[seeds][has], rtol=1e-5)
+
+
+@pytest.mark.parametrize("opt", ["plain", "replace", "eids", "weighted", "exclude", "labor", "all"])
+def test_relabel_paths_and_threads_agree(opt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dense id map, sort-based relabelling and the hash table give the same batches, 1 or 2 threads."""
+    import numba
+    from ooc.kernels import sampling as S
+    rng = np.random.default_rng(7)
+    n = 3000
+    src, dst = rng.integers(0, n, 60_000), rng.integers(0, n, 60_000)
+    ip, ix = build_csc(src, dst, n)
+    ix = ix.astype(np.int32)
+    kw: dict = {}
+    fo = [15, 10, 5]
+    if opt == "replace":
+        kw["replace"] = True
+    elif opt == "eids":
+        kw["return_eids"] = True
+    elif opt == "weighted":
+        kw["cumw"], kw["npos"] = S.edge_weight_cdf(ip, rng.random(ix.shape[0]))
+    elif opt == "exclude":
+        kw["exclude"] = S.excluded_edge_keys(src[:500], dst[:500])
+    elif opt == "labor":
+        kw["labor"] = True
+    elif opt == "all":
+        fo = [4, -1]
+    seeds = rng.permutation(n)[:1000]
+    runs = []
+    old = numba.get_num_threads()
+    for dense_max, sort_max in ((1 << 26, 1 << 31), (0, 1 << 31), (0, 0)):
+        monkeypatch.setattr(S, "_DENSE_MAX_NODES", dense_max)
+        monkeypatch.setattr(S, "_SORT_MAX_NODES", sort_max)
+        for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+            numba.set_num_threads(threads)
+            try:
+                runs.append(S.neighbor_sample(ip, ix, seeds, fo, batch_key(3, 1, 4), **kw))
+            finally:
+                numba.set_num_threads(old)
+    ref = runs[0]
+    assert ref.num_sampled_edges > S._SERIAL_EDGES  # the parallel steps ran
+    for mb in runs[1:]:
+        assert np.array_equal(mb.nodes, ref.nodes)
+        for a, b in zip(mb.blocks, ref.blocks):
+            assert (a.num_src, a.num_dst) == (b.num_src, b.num_dst)
+            assert np.array_equal(a.indptr, b.indptr) and np.array_equal(a.indices, b.indices)
+            assert (a.eids is None) == (b.eids is None)
+            if a.eids is not None:
+                assert np.array_equal(a.eids, b.eids)
