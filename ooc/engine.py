@@ -968,8 +968,8 @@ def build_data_path(cfg, ds: Dataset, rss: RssMonitor | None = None) -> DataPath
         readers.append(reader)
     degrees = np.diff(indptr)
     labels = ds.labels
-    feats = DiskRows(ds.features, direct=cfg.direct_io, threads=max(1, cfg.io_depth),
-                     gap=cfg.io_gap if cfg.direct_io else 0)
+    feats = DiskRows(ds.features, direct=cfg.direct_io, threads=max(1, min(8, cfg.io_depth)),
+                     gap=cfg.io_gap if cfg.direct_io else 0, aio_depth=max(1, cfg.io_depth))
     cache = None
     fallback = feats
     if plan.cache_rows > 0 and cfg.cache_policy != "none":
@@ -978,7 +978,7 @@ def build_data_path(cfg, ds: Dataset, rss: RssMonitor | None = None) -> DataPath
     topo_rows = None
     if cfg.mode == "buffer" and indices is None:
         topo_rows = DiskRows(ds.raw("indices"), direct=cfg.direct_io,
-                             threads=max(1, min(4, cfg.io_depth)))
+                             threads=max(1, min(4, cfg.io_depth)), aio_depth=0)
     buffer = BufferManager(feats, offsets, plan.slots, fallback, io_threads=cfg.io_threads,
                            topo_rows=topo_rows, indptr=indptr if topo_rows is not None else None)
     resident = ResidentGraph(buffer, indptr, indices) if cfg.mode == "buffer" else None

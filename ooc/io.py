@@ -159,6 +159,149 @@ def _read_runs(fds: np.ndarray, chunk: np.ndarray, start: np.ndarray, size: np.n
     return total, r1 - r0, -1
 
 
+# Linux native AIO (io_submit / io_getevents) for O_DIRECT gathers: one thread keeps ``depth``
+# requests in flight and submits them in batches, so the block layer plugs them and the virtio
+# queue is kicked once per batch instead of once per pread (measured on the shared VM: 5.8 us of
+# system CPU per 4 KiB request instead of 14 us with pread threads).
+_syscall = types.ExternalFunction("syscall", types.intp(types.intp, types.intp, types.intp,
+                                                        types.intp, types.intp, types.intp))
+_AIO_NR = {"x86_64": (206, 207, 208, 209), "aarch64": (0, 1, 4, 2)}  # setup, destroy, getevents, submit
+
+
+@njit(cache=True, nogil=True)
+def _aio_read_runs(nr_getevents: int, nr_submit: int, ctx: int, fds: np.ndarray,
+                   chunk: np.ndarray, start: np.ndarray, size: np.ndarray, first: np.ndarray,
+                   ids: np.ndarray, row_bytes: int, chunk_bytes: int, staging: np.ndarray,
+                   iocbs: np.ndarray, subptr: np.ndarray, events: np.ndarray, slot_req: np.ndarray,
+                   out: np.ndarray, out_pos: np.ndarray) -> tuple:
+    """All requests of :func:`_plan_runs` through one AIO context, ``depth = len(iocbs)`` in flight.
+
+    ``staging`` is uint8 ``[depth, max_run]`` (rows 4 KiB aligned); ``iocbs`` uint64 ``[depth, 8]``
+    (``struct iocb``), ``subptr`` uint64 ``[depth]``, ``events`` int64 ``[depth, 4]``
+    (``struct io_event``), ``slot_req`` int64 ``[depth]`` scratch.  A completed request's rows are
+    copied to ``out[out_pos[k]]`` as it completes.  On any error no more requests are submitted and
+    the ones in flight are reaped before returning.
+
+    Returns:
+        ``(bytes requested, requests, status)``: status -1 = ok, ``c >= 0`` = short or failed read
+        of chunk file ``c``, -2 = ``io_submit`` refused (nothing of that batch in flight), -3 =
+        ``io_getevents`` failed (requests may still be in flight: destroy the context).
+    """
+    depth = iocbs.shape[0]
+    m = chunk.shape[0]
+    free = np.empty(depth, dtype=np.int64)
+    subk = np.empty(depth, dtype=np.int64)
+    for k in range(depth):
+        free[k] = k
+    nfree = depth
+    inflight = 0
+    i = 0
+    total = 0
+    reqs = 0
+    status = -1
+    ev_addr = events.ctypes.data
+    while (i < m and status == -1) or inflight > 0:
+        nsub = 0
+        while status == -1 and i < m and nfree > 0:
+            nfree -= 1
+            k = free[nfree]
+            slot_req[k] = i
+            iocbs[k, 0] = k
+            iocbs[k, 1] = 0
+            iocbs[k, 2] = np.uint64(fds[chunk[i]]) << np.uint64(32)  # opcode 0 = PREAD
+            iocbs[k, 3] = np.uint64(staging[k].ctypes.data)
+            iocbs[k, 4] = size[i]
+            iocbs[k, 5] = start[i]
+            iocbs[k, 6] = 0
+            iocbs[k, 7] = 0
+            subptr[nsub] = np.uint64(iocbs[k].ctypes.data)
+            subk[nsub] = k
+            nsub += 1
+            i += 1
+        if nsub > 0:
+            r = _syscall(nr_submit, ctx, nsub, subptr.ctypes.data, 0, 0)
+            if r < 0:
+                r = 0
+            inflight += r
+            if r < nsub:  # the rest of the batch was not queued: give its slots back, stop
+                for q in range(r, nsub):
+                    free[nfree] = subk[q]
+                    nfree += 1
+                status = -2
+        if inflight == 0:
+            break
+        got = _syscall(nr_getevents, ctx, 1, depth, ev_addr, 0)
+        if got <= 0:
+            return total, reqs, -3
+        for e in range(got):
+            k = events[e, 0]
+            res = events[e, 2]
+            r = slot_req[k]
+            c = chunk[r]
+            total += size[r]
+            reqs += 1
+            if res < 0:
+                if status == -1:
+                    status = c
+            else:
+                base = c * chunk_bytes + start[r]
+                for t in range(first[r], first[r + 1]):
+                    s = ids[t] * row_bytes - base
+                    if s + row_bytes > res:
+                        if status == -1:
+                            status = c
+                        break
+                    out[out_pos[t], :] = staging[k, s:s + row_bytes]
+            free[nfree] = k
+            nfree += 1
+        inflight -= got
+    return total, reqs, status
+
+
+class _AioContext:
+    """One Linux AIO context with ``depth`` request slots and their 4 KiB-aligned staging.
+
+    Raises:
+        OSError: no AIO on this machine (architecture, kernel or ``fs.aio-max-nr``).
+    """
+
+    def __init__(self, depth: int, max_run: int) -> None:
+        import ctypes
+        import platform
+        nr = _AIO_NR.get(platform.machine())
+        if nr is None:
+            raise OSError(f"no AIO syscall numbers for {platform.machine()}")
+        self.nr_setup, self.nr_destroy, self.nr_getevents, self.nr_submit = nr
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._libc.syscall.restype = ctypes.c_long
+        ctx = ctypes.c_ulong(0)
+        if self._libc.syscall(ctypes.c_long(self.nr_setup), ctypes.c_long(depth),
+                              ctypes.byref(ctx)) != 0:
+            raise OSError(ctypes.get_errno(), "io_setup failed")
+        self.ctx = int(ctx.value)
+        self.depth = depth
+        self.staging = aligned_empty(depth * max_run).reshape(depth, max_run)
+        self.iocbs = np.zeros((depth, 8), dtype=np.uint64)
+        self.subptr = np.zeros(depth, dtype=np.uint64)
+        self.events = np.zeros((depth, 4), dtype=np.int64)
+        self.slot_req = np.zeros(depth, dtype=np.int64)
+        self.lock = threading.Lock()
+
+    def read(self, fds, chunk, start, size, first, ids, row_bytes, chunk_bytes, out, out_pos):
+        """:func:`_aio_read_runs` under this context's lock."""
+        with self.lock:
+            return _aio_read_runs(self.nr_getevents, self.nr_submit, self.ctx, fds, chunk, start,
+                                  size, first, ids, row_bytes, chunk_bytes, self.staging,
+                                  self.iocbs, self.subptr, self.events, self.slot_req, out, out_pos)
+
+    def close(self) -> None:
+        """io_destroy (waits for requests still in flight)."""
+        import ctypes
+        if self.ctx:
+            self._libc.syscall(ctypes.c_long(self.nr_destroy), ctypes.c_ulong(self.ctx))
+            self.ctx = 0
+
+
 def plan_runs(ids: np.ndarray, row_bytes: int, chunk_bytes: int, align: int = ALIGN, gap: int = 0,
               max_run: int = 1 << 20) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Read requests covering rows ``ids`` of an axis-0-chunked array (see :meth:`DiskRows.gather`).
@@ -232,9 +375,11 @@ class DiskRows:
       (never crossing a chunk file), ``range_threads`` in flight, read in place into the caller's
       aligned buffer (no bounce copy);
     - gathers (:meth:`gather`, scattered rows): sorted, deduplicated, coalesced by
-      :func:`plan_runs` (rows within ``gap`` bytes share a request), the requests spread over
-      ``threads`` threads by bytes, each read into a per-thread staging buffer of ``max_run`` bytes
-      from which the rows are copied to their output positions.
+      :func:`plan_runs` (rows within ``gap`` bytes share a request); with O_DIRECT on Linux
+      (x86_64, aarch64) the calling thread keeps ``aio_depth`` requests in flight through native
+      AIO (``io_submit`` in batches); otherwise the requests are spread over ``threads`` pread
+      threads by bytes.  Each request lands in a staging buffer of ``max_run`` bytes from which
+      its rows are copied to their output positions.
 
     Args:
         arr: the on-disk array.
@@ -245,7 +390,8 @@ class DiskRows:
         range_threads: range requests in flight (default ``min(threads, 4)``).
         gap: largest hole in bytes that a gather reads through to merge two rows (default 16 KiB
             with ``O_DIRECT``, 0 for buffered reads).
-        max_run: largest gather request in bytes (staging per thread).
+        max_run: largest gather request in bytes (staging per thread / AIO slot).
+        aio_depth: gather requests in flight with native AIO (0 = pread threads only).
 
     Raises:
         FileNotFoundError: a chunk file is missing.
@@ -253,7 +399,7 @@ class DiskRows:
 
     def __init__(self, arr: RawArray, direct: bool = False, threads: int = 8,
                  piece: int = 1 << 20, range_threads: int | None = None, gap: int | None = None,
-                 max_run: int = 256 << 10) -> None:
+                 max_run: int = 128 << 10, aio_depth: int = 32) -> None:
         self.arr = arr
         self.shape = arr.shape
         self.dtype = arr.dtype
@@ -293,9 +439,23 @@ class DiskRows:
             if self.threads > 1 else None
         self._range_pool = ThreadPoolExecutor(self.range_threads, thread_name_prefix="ooc-range") \
             if self.range_threads > 1 else None
-        self._staging = [aligned_empty(self.max_run) for _ in range(self.threads)]
+        self._staging: list = []  # per-thread pread staging, made on first use
+        self._aio = None
+        if self.direct and aio_depth > 0:
+            try:
+                self._aio = _AioContext(aio_depth, self.max_run)
+            except OSError:
+                self._aio = None  # no native AIO here: pread threads
+
+    @property
+    def aio(self) -> bool:
+        """Whether gathers use Linux native AIO (O_DIRECT and ``io_setup`` available)."""
+        return self._aio is not None
 
     def close(self) -> None:
+        if getattr(self, "_aio", None) is not None:
+            self._aio.close()
+            self._aio = None
         for name in ("_pool", "_range_pool"):
             pool = getattr(self, name, None)
             if pool is not None:
@@ -436,6 +596,20 @@ class DiskRows:
         else:
             uniq, dst, pos = sids, flat, order
         chunk, start, size, first = self.plan(uniq)
+        if self._aio is not None:
+            total, reqs, status = self._aio.read(self.fds, chunk, start, size, first, uniq,
+                                                 self.row_bytes, self.chunk_bytes, dst, pos)
+            if status >= 0:
+                raise OSError(f"{self.arr.chunk_path(status)}: short read; the dataset is truncated")
+            if status == -1:
+                self.counters.add(total, reqs)
+                if dup:
+                    np.take(dst, inverse.reshape(-1), axis=0, out=flat)
+                return out, total
+            if status == -3:  # io_getevents failed: drop the context (waits for its requests)
+                self._aio.close()
+                self._aio = None
+            # -2 (io_submit refused) or -3: read everything again with pread threads
         m = chunk.shape[0]
         k = min(self.threads, m)
         if k > 1:  # contiguous groups of requests with near-equal bytes
@@ -444,6 +618,8 @@ class DiskRows:
             bounds = np.unique(np.concatenate([[0], np.minimum(cuts, m), [m]]))
         else:
             bounds = np.array([0, m])
+        while len(self._staging) < self.threads:
+            self._staging.append(aligned_empty(self.max_run))
         items = [(self.fds, chunk, start, size, first, int(bounds[t]), int(bounds[t + 1]), uniq,
                   self.row_bytes, self.chunk_bytes, self._staging[t], dst, pos)
                  for t in range(bounds.shape[0] - 1)]
@@ -536,7 +712,7 @@ class NeighborReader:
         self.buf = aligned_empty(nbytes, align)
         if indices.num_chunks > 1 and indices.chunk_bytes % align:
             raise ValueError(f"{indices.path}: chunks are not page aligned")
-        self._rows = DiskRows(indices, direct=direct, threads=1)
+        self._rows = DiskRows(indices, direct=direct, threads=1, aio_depth=0)
         self.counters = self._rows.counters
         self.max_request = 0
 

@@ -148,3 +148,34 @@ def test_truncated_chunk_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         rows.read_range(4096, 8192, aligned_empty(4 << 20))
     rows.close()
+
+
+def test_native_aio_and_pread_threads_read_the_same(tmp_path: Path) -> None:
+    x, ra = _store(tmp_path)
+    aio = DiskRows(ra, direct=True, gap=16384, aio_depth=4)
+    if not aio.aio:
+        pytest.skip("no O_DIRECT or native AIO here")
+    thr = DiskRows(ra, direct=True, threads=3, gap=16384, aio_depth=0)
+    assert not thr.aio
+    rng = np.random.default_rng(6)
+    for ids in [rng.integers(0, 20000, 4000), rng.permutation(20000)[:3000], np.array([19999])]:
+        a, na = aio.gather(ids)
+        b, nb = thr.gather(ids)
+        assert np.array_equal(a, x[ids]) and np.array_equal(b, x[ids])
+        assert na == nb
+    assert aio.counters.requests == thr.counters.requests
+    aio.close()
+    thr.close()
+
+
+def test_truncated_chunk_is_an_error_with_native_aio(tmp_path: Path) -> None:
+    x, ra = _store(tmp_path)
+    with open(ra.chunk_path(1), "r+b") as fh:
+        fh.truncate(100 * 512)
+    rows = DiskRows(RawArray(tmp_path / "x"), direct=True, aio_depth=8)
+    if not rows.aio:
+        pytest.skip("no O_DIRECT or native AIO here")
+    assert np.array_equal(rows.gather(np.array([4096 + 99]))[0], x[[4096 + 99]])
+    with pytest.raises(OSError):
+        rows.gather(np.array([5, 4096 + 200, 9000]))
+    rows.close()
