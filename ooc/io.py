@@ -8,8 +8,9 @@ The out-of-core modes read through :class:`DiskRows` instead:
   most ``piece`` bytes that never cross a chunk file, ``range_threads`` of them in flight, read in
   place into the caller's aligned buffer (``read_range_async`` returns at once; ``wait()``);
 - ``gather`` -- arbitrary rows: sorted, deduplicated, coalesced by :func:`plan_runs` (rows on the
-  same or touching pages, or within ``gap`` bytes of each other, share one request) and read by a
-  Numba kernel that calls ``pread`` without the GIL, the requests spread over ``threads`` threads;
+  same or touching pages, or within ``gap`` bytes of each other, share one request), read by Numba
+  kernels without the GIL: with ``O_DIRECT`` on Linux through native AIO (``aio_depth`` requests in
+  flight, submitted in batches), otherwise by ``pread`` on ``threads`` threads;
 - ``O_DIRECT`` (``direct=True``) bypasses the page cache, so the dataset is never silently held in
   memory and measured bandwidth is the disk's; offsets, sizes and buffers are aligned to 4 KiB
   (``ALIGN``); where the file system refuses ``O_DIRECT`` the reader falls back to buffered reads.
