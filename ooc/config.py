@@ -108,6 +108,11 @@ class TrainConfig:
                              choices=("sieve", "clock", "lru", "none"))
     cache_size: str = _opt("", "data", "feature cache size without a budget, e.g. 256MB")
     direct_io: bool = _opt(False, "data", "read features with O_DIRECT (bypass the page cache)")
+    io_depth: int = _opt(32, "data", "disk requests in flight for a batch's missing rows (Linux "
+                         "native AIO with --direct-io; else min(io_depth, 8) pread threads); partition "
+                         "loads keep min(io_depth, 4) 1 MiB requests in flight")
+    io_gap: int = _opt(16384, "data", "bytes of unneeded data a miss read may span to merge two rows "
+                       "into one request (O_DIRECT; 0 = only rows on the same or adjacent pages)")
     shared_buffer: bool = _opt(True, "data", "data-parallel runs: local ranks share one partition "
                                "buffer per machine through shared memory (local rank 0 does the I/O)")
     device_cache: str = _opt("", "data", "per-device hot-feature cache size, e.g. 8GB (empty = none; "

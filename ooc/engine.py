@@ -346,13 +346,16 @@ class BufferManager(PartitionBuffer):
         a, b = int(self.offsets[p]), int(self.offsets[p + 1])
         t = time.perf_counter()
         base = slot * self.slot_alloc
-        nbytes = self.features.read_range(a, b, self.mem[base:base + self.slot_alloc])
+        # features and in-edges are requested together (several requests of each in flight)
+        reads = [self.features.read_range_async(a, b, self.mem[base:base + self.slot_alloc])]
         self.shift[slot] = self.features.span(a, b)[2]
         if self.topo_rows is not None:
             ea, eb = int(self.indptr[a]), int(self.indptr[b])
             tb = slot * self.edge_slot_alloc
-            nbytes += self.topo_rows.read_range(ea, eb, self.tmem[tb:tb + self.edge_slot_alloc])
+            reads.append(self.topo_rows.read_range_async(ea, eb,
+                                                         self.tmem[tb:tb + self.edge_slot_alloc]))
             self.tshift[slot] = self.topo_rows.span(ea, eb)[2]
+        nbytes = sum(r.wait() for r in reads)
         return nbytes, time.perf_counter() - t
 
     def _settle(self, p: int, wait: bool) -> bool:
@@ -965,7 +968,8 @@ def build_data_path(cfg, ds: Dataset, rss: RssMonitor | None = None) -> DataPath
         readers.append(reader)
     degrees = np.diff(indptr)
     labels = ds.labels
-    feats = DiskRows(ds.features, direct=cfg.direct_io, threads=max(2, cfg.io_threads * 2))
+    feats = DiskRows(ds.features, direct=cfg.direct_io, threads=max(1, min(8, cfg.io_depth)),
+                     gap=cfg.io_gap if cfg.direct_io else 0, aio_depth=max(1, cfg.io_depth))
     cache = None
     fallback = feats
     if plan.cache_rows > 0 and cfg.cache_policy != "none":
@@ -973,7 +977,8 @@ def build_data_path(cfg, ds: Dataset, rss: RssMonitor | None = None) -> DataPath
         fallback = cache
     topo_rows = None
     if cfg.mode == "buffer" and indices is None:
-        topo_rows = DiskRows(ds.raw("indices"), direct=cfg.direct_io, threads=2)
+        topo_rows = DiskRows(ds.raw("indices"), direct=cfg.direct_io,
+                             threads=max(1, min(4, cfg.io_depth)), aio_depth=0)
     buffer = BufferManager(feats, offsets, plan.slots, fallback, io_threads=cfg.io_threads,
                            topo_rows=topo_rows, indptr=indptr if topo_rows is not None else None)
     resident = ResidentGraph(buffer, indptr, indices) if cfg.mode == "buffer" else None

@@ -579,6 +579,7 @@ STEPS_FLUSH_S = 10.0
 #: weights of an epoch (the buffer and prefetch depth do not change batches; tested).
 RESUMABLE_CHANGES = frozenset({
     "epochs", "progress", "checkpoint_every", "output_dir", "threads", "device", "io_threads",
+    "io_depth", "io_gap",
     "prefetch", "eval_batch_size", "patience", "eval_every", "eval_mode", "eval_fanouts",
     "buffer_partitions",
     "topology"})

@@ -1,0 +1,181 @@
+"""Disk reads of the out-of-core engine (ooc.io): request planning with exact answers, rows read back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ooc.io import ALIGN, DiskRows, aligned_empty, plan_runs
+from ooc.storage.rawarray import RawArray, write_array
+
+
+def _store(tmp_path: Path, rows: int = 20000, dim: int = 256, chunk_rows: int = 4096) -> tuple:
+    x = np.random.default_rng(3).normal(size=(rows, dim)).astype(np.float16)  # 512-byte rows
+    write_array(tmp_path / "x", x, chunk_rows=chunk_rows)
+    return x, RawArray(tmp_path / "x")
+
+
+def test_plan_runs_merges_rows_on_the_same_or_adjacent_pages() -> None:
+    # 512-byte rows, 8 per 4 KiB page; chunk files of 64 rows (32 KiB)
+    ids = np.array([0, 1, 7, 8, 20, 40, 63, 64, 65, 100])
+    c, s, z, f = plan_runs(ids, 512, 64 * 512, ALIGN, gap=0)
+    # pages 0,0,0,1,2 (touching: one request) | 5 | 7 || chunk file 1: pages 0,0 | 4
+    assert c.tolist() == [0, 0, 0, 1, 1]
+    assert s.tolist() == [0, 20480, 28672, 0, 16384]
+    assert z.tolist() == [12288, 4096, 4096, 4096, 4096]
+    assert f.tolist() == [0, 5, 6, 7, 9, 10]
+
+
+def test_plan_runs_reads_through_gaps_up_to_the_threshold() -> None:
+    ids = np.array([0, 1, 7, 8, 20, 40, 63, 64, 65, 100])
+    # gap 8 KiB: page 5 is 8 KiB after the end of pages 0-2 -> joins, page 7
+    # is 4 KiB after -> joins; a request never crosses a chunk file; in chunk 1 page 4 is 12 KiB away
+    c, s, z, f = plan_runs(ids, 512, 64 * 512, ALIGN, gap=8192)
+    assert c.tolist() == [0, 1, 1]
+    assert s.tolist() == [0, 0, 16384]
+    assert z.tolist() == [32768, 4096, 4096]
+    assert f.tolist() == [0, 7, 9, 10]
+    # 16 KiB: chunk 1's two pages merge too
+    c, s, z, f = plan_runs(ids, 512, 64 * 512, ALIGN, gap=16384)
+    assert (c.tolist(), s.tolist(), z.tolist(), f.tolist()) == ([0, 1], [0, 0], [32768, 20480],
+                                                                [0, 7, 10])
+
+
+def test_plan_runs_caps_the_request_size() -> None:
+    ids = np.arange(0, 64, 8)  # one row on each of 8 consecutive pages
+    c, s, z, f = plan_runs(ids, 512, 1 << 20, ALIGN, gap=0, max_run=3 * ALIGN)
+    assert s.tolist() == [0, 12288, 24576]
+    assert z.tolist() == [12288, 12288, 8192]
+    assert f.tolist() == [0, 3, 6, 8]
+    with pytest.raises(ValueError):
+        plan_runs(ids, 512, 1 << 20, ALIGN, max_run=2048)
+
+
+def test_plan_runs_buffered_reads_are_byte_exact() -> None:
+    # align 1: only the rows' bytes; gap 0 merges consecutive rows only, 48 B skips one row, 96 B two
+    ids = np.array([3, 4, 5, 7, 10])
+    c, s, z, f = plan_runs(ids, 48, 1 << 20, 1, gap=0)
+    assert (s.tolist(), z.tolist(), f.tolist()) == ([144, 336, 480], [144, 48, 48], [0, 3, 4, 5])
+    c, s, z, f = plan_runs(ids, 48, 1 << 20, 1, gap=48)
+    assert (s.tolist(), z.tolist(), f.tolist()) == ([144, 480], [240, 48], [0, 4, 5])
+    c, s, z, f = plan_runs(ids, 48, 1 << 20, 1, gap=96)
+    assert (s.tolist(), z.tolist(), f.tolist()) == ([144], [384], [0, 5])
+
+
+def test_range_requests_split_for_concurrency_and_at_chunk_files(tmp_path: Path) -> None:
+    x, ra = _store(tmp_path, chunk_rows=4096)  # 2 MiB chunk files
+    rows = DiskRows(ra, direct=True, threads=4, piece=1 << 20)
+    if not rows.direct:
+        pytest.skip("file system refuses O_DIRECT")
+    assert rows.range_threads == 4
+    # rows [100, 4196): bytes [51200, 2148352) -> pages [49152, 2150400), crossing the chunk file at
+    # 2 MiB: [49152, 2097152) in 4 near-equal page-aligned requests of <= 1 MiB, then the 52 KiB
+    # rest as one request (requests are split no smaller than 64 KiB)
+    req = rows.range_requests(100, 4196)
+    assert req == [(49152, 512000), (561152, 512000), (1073152, 512000), (1585152, 512000),
+                   (2097152, 53248)]
+    assert sum(n for _, n in req) == rows.span(100, 4196)[1]
+    rows.close()
+
+
+@pytest.mark.parametrize("direct", [False, True])
+@pytest.mark.parametrize("gap", [0, 4096, 65536])
+def test_gather_returns_the_store_rows(tmp_path: Path, direct: bool, gap: int) -> None:
+    x, ra = _store(tmp_path)
+    rows = DiskRows(ra, direct=direct, threads=3, gap=gap, max_run=64 << 10)
+    rng = np.random.default_rng(4)
+    for ids in [rng.integers(0, 20000, 3000),                        # duplicates
+                rng.permutation(20000)[:2500],                       # unique, unsorted
+                np.array([19999, 0, 4095, 4096, 8191, 12288]),       # chunk edges, last row
+                np.array([7])]:
+        before = rows.counters.bytes_read
+        got, nbytes = rows.gather(ids)
+        assert np.array_equal(got, x[ids])
+        uniq = np.unique(ids)
+        c, s, z, f = rows.plan(uniq)
+        assert nbytes == int(z.sum()) == rows.counters.bytes_read - before
+        assert nbytes >= uniq.shape[0] * 512
+    out = np.empty((5, 256), dtype=np.float16)
+    got, _ = rows.gather(np.array([5, 4, 3, 2, 1]), out=out)
+    assert got is out and np.array_equal(out, x[[5, 4, 3, 2, 1]])
+    with pytest.raises(IndexError):
+        rows.gather(np.array([20000]))
+    rows.close()
+
+
+def test_gather_coalescing_reads_fewer_requests(tmp_path: Path) -> None:
+    x, ra = _store(tmp_path)
+    ids = np.random.default_rng(5).permutation(20000)[:1500]
+    counts = {}
+    for gap in (0, 16384):
+        rows = DiskRows(ra, direct=True, threads=4, gap=gap)
+        if not rows.direct:
+            pytest.skip("file system refuses O_DIRECT")
+        got, nbytes = rows.gather(ids)
+        assert np.array_equal(got, x[ids])
+        counts[gap] = (rows.counters.requests, nbytes)
+        rows.close()
+    assert counts[16384][0] < counts[0][0]   # fewer requests ...
+    assert counts[16384][1] > counts[0][1]   # ... for more bytes
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_read_range_async_in_place(tmp_path: Path, direct: bool) -> None:
+    x, ra = _store(tmp_path)
+    rows = DiskRows(ra, direct=direct, threads=4, piece=64 << 10)
+    raw = x.view(np.uint8).reshape(-1)
+    for a, b in [(0, 20000), (101, 8200), (4095, 4097), (19999, 20000), (5, 5)]:
+        off, n, shift = rows.span(a, b)
+        dst = aligned_empty(n + ALIGN)
+        r = rows.read_range_async(a, b, dst)
+        assert r.wait() == n
+        assert np.array_equal(dst[shift:shift + (b - a) * 512], raw[a * 512:b * 512])
+    with pytest.raises(ValueError):
+        rows.read_range(0, 100, aligned_empty(100))
+    rows.close()
+
+
+def test_truncated_chunk_is_an_error(tmp_path: Path) -> None:
+    x, ra = _store(tmp_path)
+    path = ra.chunk_path(1)
+    with open(path, "r+b") as fh:
+        fh.truncate(100 * 512)
+    rows = DiskRows(RawArray(tmp_path / "x"), direct=False, threads=2)
+    with pytest.raises(OSError):
+        rows.gather(np.array([4096 + 200]))
+    with pytest.raises(OSError):
+        rows.read_range(4096, 8192, aligned_empty(4 << 20))
+    rows.close()
+
+
+def test_native_aio_and_pread_threads_read_the_same(tmp_path: Path) -> None:
+    x, ra = _store(tmp_path)
+    aio = DiskRows(ra, direct=True, gap=16384, aio_depth=4)
+    if not aio.aio:
+        pytest.skip("no O_DIRECT or native AIO here")
+    thr = DiskRows(ra, direct=True, threads=3, gap=16384, aio_depth=0)
+    assert not thr.aio
+    rng = np.random.default_rng(6)
+    for ids in [rng.integers(0, 20000, 4000), rng.permutation(20000)[:3000], np.array([19999])]:
+        a, na = aio.gather(ids)
+        b, nb = thr.gather(ids)
+        assert np.array_equal(a, x[ids]) and np.array_equal(b, x[ids])
+        assert na == nb
+    assert aio.counters.requests == thr.counters.requests
+    aio.close()
+    thr.close()
+
+
+def test_truncated_chunk_is_an_error_with_native_aio(tmp_path: Path) -> None:
+    x, ra = _store(tmp_path)
+    with open(ra.chunk_path(1), "r+b") as fh:
+        fh.truncate(100 * 512)
+    rows = DiskRows(RawArray(tmp_path / "x"), direct=True, aio_depth=8)
+    if not rows.aio:
+        pytest.skip("no O_DIRECT or native AIO here")
+    assert np.array_equal(rows.gather(np.array([4096 + 99]))[0], x[[4096 + 99]])
+    with pytest.raises(OSError):
+        rows.gather(np.array([5, 4096 + 200, 9000]))
+    rows.close()
