@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 from numba import njit, prange
 
-from ooc.kernels.rng import mix_key, rand_below
+from ooc.kernels.rng import distinct_below, mix_key, rand_below
 from ooc.kernels.sampling import Block, SampledSubgraph
 
 __all__ = ["sample_hop_lists", "sample_blocks_lists"]
@@ -59,16 +59,7 @@ def sample_hop_lists(lptr: np.ndarray, lids: np.ndarray, frontier: np.ndarray, f
             for j in range(k):
                 nbrs[out + j] = lids[start + rand_below(mix_key(vkey, j), deg)]
         else:
-            c = 0
-            for j in range(deg - k, deg):
-                t = rand_below(mix_key(vkey, j), j + 1)
-                dup = False
-                for q in range(c):
-                    if nbrs[out + q] == t:
-                        dup = True
-                        break
-                nbrs[out + c] = j if dup else t
-                c += 1
+            distinct_below(vkey, deg, k, nbrs, out)
             for j in range(k):
                 nbrs[out + j] = lids[start + nbrs[out + j]]
     return ptr, nbrs

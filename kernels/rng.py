@@ -40,6 +40,23 @@ def rand_below(key: np.uint64, n: np.int64) -> np.int64:
 
 
 @njit(cache=True, nogil=True, inline="always")
+def distinct_below(key: np.uint64, n: np.int64, k: np.int64, out: np.ndarray, at: np.int64) -> None:
+    """``k`` distinct integers of ``[0, n)`` (``k <= n``) into ``out[at:at + k]``, draw ``j`` keyed
+    by ``mix_key(key, j)``: Robert Floyd's algorithm (Bentley & Floyd, "A sample of brilliance",
+    CACM 1987), O(k^2) compares, no scratch.  The order is the algorithm's, not sorted."""
+    c = 0
+    for j in range(n - k, n):
+        t = rand_below(mix_key(key, j), j + 1)
+        dup = False
+        for q in range(c):
+            if out[at + q] == t:
+                dup = True
+                break
+        out[at + c] = j if dup else t
+        c += 1
+
+
+@njit(cache=True, nogil=True, inline="always")
 def rand_unit(key: np.uint64) -> np.float64:
     """Uniform float in ``[0, 1)`` with 53 random bits."""
     return np.float64(splitmix64(key) >> uint64(11)) * (1.0 / 9007199254740992.0)

@@ -43,7 +43,7 @@ import numba
 import numpy as np
 from numba import njit, prange, uint64
 
-from ooc.kernels.rng import mix_key, rand_below, rand_unit
+from ooc.kernels.rng import distinct_below, mix_key, rand_below, rand_unit
 
 __all__ = ["Block", "MiniBatch", "SampledSubgraph", "sample_blocks", "neighbor_sample",
            "edge_weight_cdf", "unique_seeds", "excluded_edge_keys", "Workspace"]
@@ -428,16 +428,7 @@ def _draw_slow(indptr: np.ndarray, indices: np.ndarray, cumw: np.ndarray, excl: 
             if want_eid:
                 eids[out + d] = j
         return
-    c = 0
-    for j in range(na - k, na):
-        t = rand_below(mix_key(vkey, j), j + 1)
-        dup = False
-        for q in range(c):
-            if nbrs[out + q] == t:
-                dup = True
-                break
-        nbrs[out + c] = j if dup else t
-        c += 1
+    distinct_below(vkey, na, k, nbrs, out)
     for d in range(k):
         j = allowed[nbrs[out + d]]
         nbrs[out + d] = indices[j]
@@ -542,16 +533,7 @@ def _draw(indptr: np.ndarray, indices: np.ndarray, cumw: np.ndarray, excl: np.nd
                 eids[out + d] = j
         return
     # Robert Floyd's algorithm: k distinct offsets out of deg, O(k^2) membership tests in-cache
-    c = 0
-    for j in range(deg - k, deg):
-        t = rand_below(mix_key(vkey, j), j + 1)
-        dup = False
-        for q in range(c):
-            if nbrs[out + q] == t:
-                dup = True
-                break
-        nbrs[out + c] = j if dup else t
-        c += 1
+    distinct_below(vkey, deg, k, nbrs, out)
     for d in range(k):
         j = start + nbrs[out + d]
         nbrs[out + d] = indices[j]
@@ -651,17 +633,7 @@ def _draw_block(indices, nodes, lo, hi, fanout, replace, hkey, start, deg, ptr, 
             for d in range(k):
                 pos[out + d] = s + rand_below(mix_key(vkey, d), dg)
             continue
-        # Robert Floyd's algorithm: k distinct offsets out of dg (as in _draw)
-        c = 0
-        for j in range(dg - k, dg):
-            t = rand_below(mix_key(vkey, j), j + 1)
-            dup = False
-            for q in range(c):
-                if pos[out + q] == t:
-                    dup = True
-                    break
-            pos[out + c] = j if dup else t
-            c += 1
+        distinct_below(vkey, dg, k, pos, out)  # Robert Floyd's algorithm, as in _draw
         for d in range(k):
             pos[out + d] += s
     for e in range(ptr[lo], ptr[hi]):
