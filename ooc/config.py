@@ -327,7 +327,10 @@ class TrainConfig:
                      "num_clusters", "clusters_per_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("patience", "checkpoint_every", "threads", "neg_ratio", "lr_step", "walk_length"):
+        if self.io_depth < 1:
+            raise ValueError(f"io_depth must be >= 1 (requests in flight), got {self.io_depth}")
+        for name in ("patience", "checkpoint_every", "threads", "neg_ratio", "lr_step", "walk_length",
+                     "io_gap"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.buffer_partitions > self.partitions:

@@ -485,7 +485,7 @@ def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overw
             in-edges exceed the budget while writing edge buckets.
         FileExistsError: ``out`` exists and not ``overwrite``.
     """
-    budget = max(parse_bytes(memory_budget), 1 << 20)
+    budget = parse_bytes(memory_budget)  # as given: a budget too small is refused below, by its size
     n = ds.num_nodes
     assign = result.assign
     if assign.shape != (n,):

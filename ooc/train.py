@@ -33,6 +33,7 @@ import logging
 import os
 import random
 import resource
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
@@ -623,7 +624,21 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
     cfg.validate()
     t_start = time.perf_counter()
     out = Path(cfg.output_dir) if dist is None else dist.run_dir(cfg.output_dir)
+    if dist is None and not resume and not out.exists():
+        try:  # set-up errors (no dataset, a budget too small) leave no half-made run folder
+            out.mkdir(parents=True)
+            return _train(cfg, out, resume, stop_after_steps, dist, t_start)
+        except BaseException:
+            if not (out / "metrics.jsonl").exists():  # created once set-up is done: keep from then
+                shutil.rmtree(out, ignore_errors=True)
+            raise
     out.mkdir(parents=True, exist_ok=True)
+    return _train(cfg, out, resume, stop_after_steps, dist, t_start)
+
+
+def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | None, dist,
+           t_start: float) -> dict:
+    """The body of :func:`train` once its output folder exists."""
     ckpt_path = out / "checkpoint.pt"
     ckpt = load_checkpoint(ckpt_path) if resume else None
     if ckpt is not None:

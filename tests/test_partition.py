@@ -133,7 +133,7 @@ def test_partition_twice_keeps_original_ids(tmp_path: Path) -> None:
     p = write_graph_dataset(tmp_path / "g", 600, g.src, g.dst, g.features, g.labels,
                             {"train": g.train, "valid": g.valid, "test": g.test}, 3, "g")
     out1, _ = partition_dataset(p, 4, "metis", out=tmp_path / "g1")
-    out2, _ = partition_dataset(out1, 3, "stream", out=tmp_path / "g2", memory_budget=4096)
+    out2, _ = partition_dataset(out1, 3, "stream", out=tmp_path / "g2", memory_budget="1MiB")
     ds = Dataset(out2)
     perm = ds.load("nodes/perm")
     assert np.array_equal(ds.features.read_all(), g.features[perm])

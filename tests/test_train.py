@@ -189,3 +189,23 @@ def test_cli_refuses_engine_options_on_the_partition_buffer_path(planted_dataset
     assert rc == 2
     err = capsys.readouterr().err
     assert "--sampler labor" in err and "--mode buffer/hybrid" in err
+
+
+def test_bad_options_and_setup_errors_leave_no_run_folder(planted_dataset: Path, tmp_path: Path) -> None:
+    """``--io-depth`` < 1 and a negative ``--io-gap`` are refused; a missing dataset and a memory
+    budget too small for the run fail before training and leave no output folder behind."""
+    from ooc.storage.dataset import DatasetError
+    with pytest.raises(ValueError, match="io_depth must be >= 1"):
+        _cfg(planted_dataset, tmp_path / "a", io_depth=0).validate()
+    with pytest.raises(ValueError, match="io_gap must be >= 0"):
+        _cfg(planted_dataset, tmp_path / "a", io_gap=-5).validate()
+    with pytest.raises(DatasetError):
+        train(_cfg(tmp_path / "no-such-dataset", tmp_path / "nods"))
+    assert not (tmp_path / "nods").exists()
+    with pytest.raises(ValueError, match="too small"):
+        train(_cfg(planted_dataset, tmp_path / "tiny", mode="hybrid", memory_budget="4KB"))
+    assert not (tmp_path / "tiny").exists()
+    (tmp_path / "mine").mkdir()  # a folder the user made is never removed
+    with pytest.raises(DatasetError):
+        train(_cfg(tmp_path / "no-such-dataset", tmp_path / "mine"))
+    assert (tmp_path / "mine").is_dir()

@@ -276,10 +276,18 @@ def bench_sample(args: argparse.Namespace) -> dict:
     return results
 
 
+_DESCRIPTION = """\
+Sampled edges per second (and batches per second) of ooc's node-wise sampler beside a vectorised
+PyTorch reference, DGL's CPU sampler and PyG's torch_sparse.neighbor_sample, on the same CSC graph, the
+same seed batches, fanouts and thread count; the JIT / set-up warm-up is not timed, the best of
+--repeats passes is reported.  A peer that is not installed is skipped with a message (see
+docs/benchmarks.md, "Sampling (issue 4)", for how to install DGL and torch_sparse)."""
+
+
 def add_sample_parser(bsub: argparse._SubParsersAction) -> None:
     """Register ``sample`` on the subparsers of ``ooc bench``."""
     s = bsub.add_parser("sample", help="sampled edges/s and batches/s, ooc vs torch reference, DGL, PyG",
-                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                        description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--graphs", default="github,powerlaw",
                    help="comma list of github, powerlaw, er (default: github,powerlaw)")
     s.add_argument("--github-csv", default=str(_default_github()),
@@ -287,13 +295,13 @@ def add_sample_parser(bsub: argparse._SubParsersAction) -> None:
     s.add_argument("--nodes", type=int, default=10_000_000, help="power-law nodes (default 10M)")
     s.add_argument("--edges", type=int, default=200_000_000, help="power-law edges (default 200M)")
     s.add_argument("--beta", type=float, default=3.0, help="power-law skew (default 3: tail 2.5)")
-    s.add_argument("--er-nodes", type=int, default=1_000_000)
-    s.add_argument("--er-degree", type=int, default=20)
+    s.add_argument("--er-nodes", type=int, default=1_000_000, help="Erdős–Rényi nodes (default 1M)")
+    s.add_argument("--er-degree", type=int, default=20, help="Erdős–Rényi average degree (default 20)")
     s.add_argument("--fanouts", default="15,10,5", help="output layer first (default 15,10,5)")
-    s.add_argument("--batch-size", type=int, default=1024)
-    s.add_argument("--batches", type=int, default=20)
-    s.add_argument("--repeats", type=int, default=3)
-    s.add_argument("--threads", type=int, default=2)
+    s.add_argument("--batch-size", type=int, default=1024, help="seeds per batch (default 1024)")
+    s.add_argument("--batches", type=int, default=20, help="timed batches per pass (default 20)")
+    s.add_argument("--repeats", type=int, default=3, help="timed passes; the best is reported (default 3)")
+    s.add_argument("--threads", type=int, default=2, help="threads for every sampler (default 2)")
     s.add_argument("--dgl-python", default=None, help="python with dgl (or $OOC_DGL_PYTHON)")
     s.add_argument("--pyg-python", default=None, help="python with torch_sparse (or $OOC_PYG_PYTHON)")
     s.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference sampler")
