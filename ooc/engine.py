@@ -596,6 +596,9 @@ def plan_states(train_ids: np.ndarray, part_of: np.ndarray, num_parts: int, stat
     bound = max(1, batch_size - int(round(mix * batch_size)))  # state seeds per batch
     cuts: list[np.ndarray] = []
     batch_state: list[int] = []
+    cut_state: list[int] = []  # states that cut batches, and their batches two ways:
+    state_cuts: list[list[np.ndarray]] = []   # chunks of `bound` seeds, the last one partial
+    packed_cuts: list[list[np.ndarray]] = []  # near-equal, partial chunk folded in
     used = free.copy()
     pool = np.empty(0, dtype=np.int64)
     member = np.zeros(num_parts, dtype=np.bool_)
@@ -613,6 +616,7 @@ def plan_states(train_ids: np.ndarray, part_of: np.ndarray, num_parts: int, stat
         m = max(-(-n_exp // bound), pool.shape[0] // bound)
         if m == 0:
             continue
+        cut_state.append(k)
         others = np.flatnonzero(~expiring)
         extra = others[rng.permutation(others.shape[0])[:max(m * bound - n_exp, 0)]]
         go = pool[np.concatenate([np.flatnonzero(expiring), extra])]
@@ -628,12 +632,24 @@ def plan_states(train_ids: np.ndarray, part_of: np.ndarray, num_parts: int, stat
             used[top] = True
             go = np.concatenate([go, top])
         go = go[rng.permutation(go.shape[0])]
-        for i in range(0, go.shape[0], bound):
-            cuts.append(go[i:i + bound])
-            batch_state.append(k)
+        state_cuts.append([go[i:i + bound] for i in range(0, go.shape[0], bound)])
+        # the same seeds in near-equal batches, a partial one folded into the others while that
+        # keeps every batch <= batch_size: fewer, fuller batches
+        m = max(-(-go.shape[0] // batch_size), int(round(go.shape[0] / bound)), 1)
+        packed_cuts.append(np.array_split(go, m))
+    fr = np.flatnonzero(free)
+    # a state's batches are packed while the room left in all batches still holds every free seed
+    # (so no batch ends up over batch_size); states are taken in order
+    room = sum(batch_size - c.shape[0] for cs in state_cuts for c in cs)
+    for k, plain, packed in zip(cut_state, state_cuts, packed_cuts):
+        cs = plain
+        if len(packed) < len(plain) and room - (len(plain) - len(packed)) * batch_size >= fr.size:
+            room -= (len(plain) - len(packed)) * batch_size
+            cs = packed
+        cuts.extend(cs)
+        batch_state.extend([k] * len(cs))
     if not cuts:  # every seed free (tiny training sets)
         cuts, batch_state = [np.empty(0, dtype=np.int64)], [0]
-    fr = np.flatnonzero(free)
     if fr.size:  # free seeds fill every batch up to batch_size (quotas by room, largest remainder)
         fr = fr[rng.permutation(fr.shape[0])]
         room = np.array([max(batch_size - c.shape[0], 0) for c in cuts], dtype=np.float64)
