@@ -518,13 +518,23 @@ def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overw
                     for rel in [ARRAY_NAMES["features"], *node_arrays] if rel in ds.manifest["arrays"]]
     held += max(chunk_bytes)
     group_budget = budget - held
-    if group_budget < _MIN_GROUP_BYTES:
+    # edge buckets hold one destination partition's lists, bucket sources and destinations and a
+    # second writer chunk at once: known now, so a budget too small is refused before writing
+    bucket_need = 0
+    if edge_buckets:
+        in_edges = np.diff(new_indptr[offsets])
+        bucket_need = int(in_edges.max()) * 3 * old_indices.dtype.itemsize + max(chunk_bytes)
+    need = max(_MIN_GROUP_BYTES, bucket_need)
+    if group_budget < need:
+        what = (f"{format_bytes(_MIN_GROUP_BYTES)} for rewrite groups" if need == _MIN_GROUP_BYTES else
+                f"the {format_bytes(bucket_need)} the edge buckets of the largest partition "
+                f"({int(in_edges.max()):,} in-edges) need (--no-edge-buckets skips them)")
         raise ValueError(
             f"{ds.path}: --memory-budget {format_bytes(budget)} is too small to rewrite {n:,} nodes: the "
             f"node-sized index arrays it keeps whole (assignment, permutation and its inverse, old and "
             f"new indptr) and one output chunk ({format_bytes(held)} together) leave less than "
-            f"{format_bytes(_MIN_GROUP_BYTES)} for rewrite groups; use at least "
-            f"{format_bytes(held + _MIN_GROUP_BYTES)}; nothing was written")
+            f"{what}; use at least {format_bytes(-(-(held + need) // (1 << 20)) << 20)}; nothing was "
+            "written")
     budget = group_budget
     result.extra.update(held_bytes=held, group_bytes=group_budget)
     t0 = time.perf_counter()

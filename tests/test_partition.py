@@ -206,6 +206,14 @@ def test_budget_charges_node_arrays_and_refuses_before_writing(tmp_path: Path) -
     assert not (tmp_path / "small").exists()
     out, _ = partition_dataset(p, 4, "stream", out=tmp_path / "ok", memory_budget="16MB")
     assert Dataset(out).check_structure() == []
+    # edge buckets: the largest partition's need is known before writing; the advice is enough
+    import re
+    with pytest.raises(ValueError, match=r"edge buckets of the largest partition.*use at least") as e:
+        partition_dataset(p, 2, "stream", out=tmp_path / "eb", memory_budget="3MiB")
+    assert not (tmp_path / "eb").exists()
+    advice = re.search(r"use at least ([0-9.]+) MiB", str(e.value)).group(1)
+    out, _ = partition_dataset(p, 2, "stream", out=tmp_path / "eb", memory_budget=f"{advice}MiB")
+    assert Dataset(out).check_structure() == []
 
 
 @pytest.mark.parametrize("budget_mib,edge_buckets", [(24, False), (32, True)])
