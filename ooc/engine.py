@@ -546,7 +546,9 @@ def plan_states(train_ids: np.ndarray, part_of: np.ndarray, num_parts: int, stat
     (uniformly among those); the seeds of a state are shuffled together, so every batch mixes
     seeds of all the state's partitions.  Seeds wait in a pool while their partition stays
     resident in the next state, so batches are full (``batch_size``) except where the seeds of a
-    leaving partition do not fill one.
+    leaving partition do not fill one; such a partial batch is packed into the state's other
+    batches (near-equal sizes, none over ``batch_size``) while the room left in all batches still
+    holds the ``mix`` seeds, so an epoch has about as many batches as :func:`plan_exact`'s.
 
     Args:
         train_ids: int64 [T] training node ids; part_of: int64 [T] their partitions.
@@ -635,8 +637,8 @@ def plan_states(train_ids: np.ndarray, part_of: np.ndarray, num_parts: int, stat
         state_cuts.append([go[i:i + bound] for i in range(0, go.shape[0], bound)])
         # the same seeds in near-equal batches, a partial one folded into the others while that
         # keeps every batch <= batch_size: fewer, fuller batches
-        m = max(-(-go.shape[0] // batch_size), int(round(go.shape[0] / bound)), 1)
-        packed_cuts.append(np.array_split(go, m))
+        n_packed = max(-(-go.shape[0] // batch_size), int(round(go.shape[0] / bound)), 1)
+        packed_cuts.append(np.array_split(go, n_packed))
     fr = np.flatnonzero(free)
     # a state's batches are packed while the room left in all batches still holds every free seed
     # (so no batch ends up over batch_size); states are taken in order
