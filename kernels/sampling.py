@@ -849,6 +849,13 @@ class Workspace:
         return self.gen
 
 
+def workspace_bytes(num_nodes: int) -> int:
+    """Bytes a thread's :class:`Workspace` keeps between batches that do not scale with the batch:
+    the dense id map (int64 [N]) for graphs of at most 2**21 nodes, else none (larger graphs
+    relabel by sorting, in buffers sized by the batch)."""
+    return 8 * int(num_nodes) if num_nodes <= _DENSE_MAX_NODES else 0
+
+
 _local = threading.local()
 
 

@@ -43,7 +43,7 @@ from ooc.cache import POLICIES, CachedFeature, cpu_cached_feature
 from ooc.io import ALIGN, DiskRows, NeighborReader, aligned_empty
 from ooc.kernels.disk_sampling import sample_blocks_lists
 from ooc.kernels.rng import batch_key
-from ooc.kernels.sampling import sample_blocks
+from ooc.kernels.sampling import sample_blocks, workspace_bytes
 from ooc.loader import Batch, prefetched
 from ooc.models import to_torch_blocks
 from ooc.ordering import ORDERINGS, count_swaps, node_states, node_swap_lower_bound
@@ -91,13 +91,15 @@ class BudgetPlan:
         budget: the budget (None: no budget, sizes from ``--buffer-partitions`` / ``--cache-size``).
         topology: resident topology (indptr, indices when in memory, degrees).
         node_arrays: labels and split ids.
-        staging: batches in flight (estimate: prefetch + 2 batches of input rows, float32 copies,
-            sampled edges).
+        staging: batches in flight (estimate: prefetch + 2 batches of input rows in the storage
+            dtype and sampled edges, plus the float32 copy and activations of the one in training).
         slot: bytes of one partition slot (features, plus in-edges in buffer mode).
         slots: partition slots; state_slots: partitions resident per buffer state (the rest hold
             prefetched partitions, double buffering).
         cache: feature cache bytes; cache_rows: its capacity in rows.
         group: COMET logical partition size.
+        scratch: buffers kept between batches: the sampler's per-thread workspace (training and
+            evaluation threads).
     """
 
     budget: int | None
@@ -111,10 +113,12 @@ class BudgetPlan:
     cache_rows: int
     group: int
     num_parts: int
+    scratch: int = 0
 
     @property
     def planned(self) -> int:
-        return self.topology + self.node_arrays + self.staging + self.slot * self.slots + self.cache
+        return (self.topology + self.node_arrays + self.staging + self.scratch
+                + self.slot * self.slots + self.cache)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -126,23 +130,28 @@ def _staging_bytes(n: int, avg_deg: float, row_bytes: int, feat_dim: int, batch_
                    fanouts: list[int], prefetch: int, hidden: int, eval_batch_size: int = 0,
                    eval_fanouts: list[int] | None = None) -> int:
     """Bytes of batches in flight: ``prefetch + 2`` training batches (queued, being built, being
-    trained), or two evaluation batches (``eval_fanouts``; ``None``: full neighbourhoods),
-    whichever is larger."""
-    train = _batch_bytes(n, avg_deg, row_bytes, feat_dim, batch_size, fanouts, hidden)
-    ev = _batch_bytes(n, avg_deg, row_bytes, feat_dim, eval_batch_size,
-                      list(eval_fanouts) if eval_fanouts else [-1] * len(fanouts), hidden)
-    return int(max((max(prefetch, 0) + 2) * train, 2 * ev))
+    trained) holding their rows in the storage dtype, plus the float32 copy and activations of the
+    one being trained; or the same for two evaluation batches (``eval_fanouts``; ``None``: full
+    neighbourhoods), whichever is larger."""
+    def need(bs: int, fo: list[int], alive: int) -> int:
+        rows, edges = _batch_extent(n, avg_deg, bs, fo)
+        queued = rows * (row_bytes + 24) + edges * 40  # rows, ids / labels, MFG arrays
+        return alive * queued + rows * (4 * feat_dim + 4 * hidden)
+
+    train = need(batch_size, fanouts, max(prefetch, 0) + 2)
+    ev = need(eval_batch_size, list(eval_fanouts) if eval_fanouts else [-1] * len(fanouts), 2)
+    return int(max(train, ev))
 
 
-def _batch_bytes(n: int, avg_deg: float, row_bytes: int, feat_dim: int, batch_size: int,
-                 fanouts: list[int], hidden: int) -> int:
+def _batch_extent(n: int, avg_deg: float, batch_size: int, fanouts: list[int]) -> tuple[int, int]:
+    """Upper estimate of one batch's ``(input rows, sampled edges)`` (no deduplication)."""
     rows = batch_size
     edges = 0
     for f in fanouts:
         eff = f if f > 0 else max(avg_deg, 1.0)
         edges += min(rows * eff, n * max(avg_deg, 1.0))
         rows = min(n, rows * (1 + eff))
-    return int(rows * (row_bytes + 4 * feat_dim + 24 + 4 * hidden) + edges * 40)
+    return int(rows), int(edges)
 
 
 def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray, topology: str,
@@ -150,7 +159,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                 buffer_partitions: int, cache_size: int | None, cache_policy: str,
                 ordering: str, eval_batch_size: int = 0,
                 eval_fanouts: list[int] | None = None) -> BudgetPlan:
-    """Split ``budget`` between topology, node arrays, staging, partition slots and the cache.
+    """Split ``budget`` between topology, node arrays, staging, sampler scratch, partition slots
+    and the cache.
 
     Raises:
         ValueError: the budget cannot hold the fixed parts plus the minimum the mode needs (one
@@ -170,6 +180,10 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
     nodes = 4 * n + 8 * sum(ds.split(s).shape[0] for s in ("train", "valid", "test"))
     stage = _staging_bytes(n, e / max(n, 1), row_bytes, ds.feat_dim, batch_size, fanouts, prefetch,
                            hidden, eval_batch_size, eval_fanouts)
+    # sampler workspaces of the loader and evaluation threads (N-sized for small graphs); the
+    # miss reads' request staging (at most (io_depth + 8) x MISS_RUN_BYTES, 5 MiB by default) is
+    # a fixed cost, part of the stated runtime overhead
+    scratch = 2 * workspace_bytes(n)
     slot = _align_up(int(sizes.max()) * row_bytes) + 2 * ALIGN
     if mode == "buffer":  # in-edges of the partition (raw + local CSC) travel with it
         slot += _align_up(int(part_edges.max()) * idx_item) + 2 * ALIGN
@@ -179,12 +193,13 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
         slots = min(buffer_partitions, num_parts)
         cache = cache_size or 0
     else:
-        avail = budget - topo - nodes - stage
+        avail = budget - topo - nodes - stage - scratch
         need = slot if mode != "exact" else 0
         if avail < need:
             raise ValueError(
                 f"memory budget {format_bytes(budget)} too small: topology {format_bytes(topo)}, "
-                f"node arrays {format_bytes(nodes)}, batches in flight {format_bytes(stage)}"
+                f"node arrays {format_bytes(nodes)}, batches in flight {format_bytes(stage)}, "
+                f"sampler scratch {format_bytes(scratch)}"
                 + (f", one partition slot {format_bytes(slot)}" if need else "")
                 + " (use more partitions, --topology disk, a smaller batch or a larger budget)")
         if mode == "exact":
@@ -195,7 +210,7 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
         else:
             cache = 0
             if mode == "hybrid" and cache_policy != "none":
-                cache = min(cache_size, avail - slot) if cache_size else int(0.1 * avail)
+                cache = min(cache_size, avail - slot) if cache_size else 0
             slots = min(num_parts + max(1, num_parts // 3), (avail - cache) // slot)
             if slots >= num_parts:
                 slots = num_parts
@@ -218,7 +233,7 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
     else:
         state = slots - 1
     return BudgetPlan(budget, int(topo), int(nodes), int(stage), int(slot), int(slots), int(state),
-                      int(cache), int(cache_rows), int(group), num_parts)
+                      int(cache), int(cache_rows), int(group), num_parts, int(scratch))
 
 
 # ------------------------------------------------------------------------------------------ buffer
@@ -719,8 +734,14 @@ class EngineLoader:
         self.stall_s = 0.0
         self.position = (0, 0)  # (epoch, next batch index): what a checkpoint needs
 
-    def _tensor(self, rows: np.ndarray) -> torch.Tensor:
-        x = torch.from_numpy(rows).float()
+    def _tensor(self, rows: np.ndarray, native: bool = False) -> torch.Tensor:
+        """``rows`` as a tensor: float32, row-normalised with ``feat_norm='row'``; with ``native``
+        and no normalisation, the storage dtype (a float16 store gives half the bytes; the
+        consumer converts with ``.float()`` at use, see :func:`ooc.train._to_device`)."""
+        x = torch.from_numpy(rows)
+        if native and self.feat_norm != "row" and x.is_floating_point():
+            return x
+        x = x.float()
         if self.feat_norm == "row":
             s = x.sum(1, keepdim=True)
             x = x / torch.where(s == 0, torch.ones_like(s), s)
@@ -742,14 +763,14 @@ class EngineLoader:
             sg = sample_blocks(rg.indptr, rg.indices, rg.to_local(seeds), fo, key, self.replace)
             blocks = to_torch_blocks(sg, rg.degrees)
             t1 = time.perf_counter()
-            x = self._tensor(self.buffer.gather_local(rg.to_slot_local(sg.input_nodes)))
+            x = self._tensor(self.buffer.gather_local(rg.to_slot_local(sg.input_nodes)), native=True)
             gseeds = rg.local_to_global[sg.seeds]
             nedges = sg.num_sampled_edges
         else:
             sg = self.sampler.sample(seeds, fo, key, self.replace)
             blocks = to_torch_blocks(sg, self.degrees)
             t1 = time.perf_counter()
-            x = self._tensor(self.buffer.gather(sg.input_nodes))
+            x = self._tensor(self.buffer.gather(sg.input_nodes), native=True)
             gseeds = sg.seeds
             nedges = sg.num_sampled_edges
         y = torch.from_numpy(self.labels[gseeds].astype(np.int64))

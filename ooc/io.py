@@ -29,10 +29,12 @@ from numba import njit, types
 
 from ooc.storage.rawarray import RawArray
 
-__all__ = ["ALIGN", "aligned_empty", "plan_runs", "DiskRows", "RangeRead", "NeighborReader",
+__all__ = ["ALIGN", "MISS_RUN_BYTES", "aligned_empty", "plan_runs", "DiskRows", "RangeRead", "NeighborReader",
            "IOCounters"]
 
 ALIGN = 4096
+#: largest miss-read request (bytes): the size of each AIO slot's / pread thread's staging buffer
+MISS_RUN_BYTES = 128 << 10
 #: Smallest request a range read is split into for concurrency (bytes).
 MIN_PIECE = 64 << 10
 _pread = types.ExternalFunction("pread", types.intp(types.int32, types.voidptr, types.uintp,
@@ -400,7 +402,7 @@ class DiskRows:
 
     def __init__(self, arr: RawArray, direct: bool = False, threads: int = 8,
                  piece: int = 1 << 20, range_threads: int | None = None, gap: int | None = None,
-                 max_run: int = 128 << 10, aio_depth: int = 32) -> None:
+                 max_run: int = MISS_RUN_BYTES, aio_depth: int = 32) -> None:
         self.arr = arr
         self.shape = arr.shape
         self.dtype = arr.dtype

@@ -98,7 +98,8 @@ class Batch:
 
     Attributes:
         index: batch index in the epoch; seeds: int64 [B];
-        blocks: MFGs, input layer first; x: float32 [num_input, D]; y: int64 [B];
+        blocks: MFGs, input layer first; x: [num_input, D], float32 or the storage's float dtype
+            (the engine keeps float16 rows until use; consumers call ``.float()``); y: int64 [B];
         num_edges: sampled edges; sample_s / gather_s: producer time spent sampling / gathering.
         x_cache: with a device feature cache, a :class:`~ooc.device_cache.CacheSplit` and ``x``
             holds only the rows not in the cache (``x_cache.assemble(x, device)`` gives all rows).

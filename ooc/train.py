@@ -182,13 +182,17 @@ class Task(Protocol):
 
 
 def _to_device(batch: Batch, device: torch.device) -> tuple[list, torch.Tensor]:
+    """The batch's MFGs and float32 input rows on ``device``.  Batches may carry rows in the
+    storage dtype (float16 halves what waits in the prefetch queue and what crosses PCIe); they
+    are converted here, after the copy."""
     if batch.x_cache is not None:  # device feature cache: host misses + cached rows
         nb = device.type == "cuda"
-        return [b.to(device, non_blocking=nb) for b in batch.blocks], batch.x_cache.assemble(batch.x, device)
+        return ([b.to(device, non_blocking=nb) for b in batch.blocks],
+                batch.x_cache.assemble(batch.x, device).float())
     if device.type == "cpu":
-        return batch.blocks, batch.x
+        return batch.blocks, batch.x.float()
     nb = device.type == "cuda"
-    return [b.to(device, non_blocking=nb) for b in batch.blocks], batch.x.to(device, non_blocking=nb)
+    return [b.to(device, non_blocking=nb) for b in batch.blocks], batch.x.to(device, non_blocking=nb).float()
 
 
 def _scores(pred_logits: torch.Tensor, y: torch.Tensor, multilabel: bool) -> tuple[int, int, int, int]:
@@ -876,7 +880,9 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
         "row_misses": st.totals["row_misses"],
         "buffer_bytes": buffer.nbytes,
         "dataset_feature_bytes": ds.features.nbytes,
-        "peak_rss_bytes": peak_rss_bytes(),
+        # per-epoch peaks reset the kernel's high-water mark, which ru_maxrss follows: the run's peak
+        # is the larger of the last reading and every epoch's
+        "peak_rss_bytes": max([peak_rss_bytes()] + [h.get("peak_rss_bytes", 0) for h in history]),
         "epoch_peak_rss_bytes": max([h.get("peak_rss_bytes", 0) for h in history], default=0),
         "wall_time_s": elapsed0 + time.perf_counter() - t_start,
         "resumed": ckpt is not None,

@@ -381,3 +381,52 @@ def test_loader_restarts_mid_epoch_with_the_same_batches(metis_dataset: Path, tm
 def torch_equal(a, b) -> bool:
     import torch
     return bool(torch.equal(a, b))
+
+
+def test_batches_keep_the_storage_dtype_until_use(tmp_path: Path) -> None:
+    """Engine batches hold float16 rows as stored (half the bytes of float32 while queued);
+    ``_to_device`` gives the float32 rows the model trains on."""
+    from ooc.kernels.generators import planted_partition
+    from ooc.tools.convert import write_graph_dataset
+    import torch
+
+    from ooc.train import _to_device
+    g = planted_partition(600, num_classes=3, avg_degree=6, feat_dim=8, noise=1.0, seed=2,
+                          train_frac=0.5)
+    p = write_graph_dataset(tmp_path / "f16", g.num_nodes, g.src, g.dst,
+                            g.features, g.labels,
+                            {"train": g.train, "valid": g.valid, "test": g.test}, g.num_classes,
+                            "planted", feat_dtype="float16")
+    ds = Dataset(p)
+    try:
+        for mode in ("exact", "hybrid", "buffer"):
+            data = build_data_path(_cfg(p, tmp_path / mode, mode=mode, partitions=4,
+                                        buffer_partitions=2), ds)
+            b = next(iter(data.iterate(data.plan(0), 0)))
+            _, x = _to_device(b, torch.device("cpu"))
+            assert b.x.dtype == torch.float16 and x.dtype == torch.float32
+            assert torch.equal(x, b.x.float())
+            data.close()
+        # normalised features are computed in float32 at build time (no float16 rounding)
+        data = build_data_path(_cfg(p, tmp_path / "norm", mode="hybrid", partitions=4,
+                                    buffer_partitions=2, feat_norm="row"), ds)
+        b = next(iter(data.iterate(data.plan(0), 0)))
+        assert b.x.dtype == torch.float32
+        data.close()
+    finally:
+        ds.close()
+
+
+def test_budget_plan_counts_storage_dtype_batches_and_sampler_scratch() -> None:
+    """Staging: ``prefetch + 2`` batches of stored rows + one float32 copy with activations;
+    scratch: two sampler workspaces (dense id map, 8 B/node, up to 2**21 nodes)."""
+    from ooc.engine import _staging_bytes
+    from ooc.kernels.sampling import workspace_bytes
+    kw = dict(n=10**6, avg_deg=10.0, feat_dim=128, batch_size=100, fanouts=[5], prefetch=1,
+              hidden=16, eval_batch_size=1, eval_fanouts=[1])
+    rows, edges = 600, 500
+    for row_bytes in (256, 512):
+        queued = rows * (row_bytes + 24) + edges * 40
+        assert _staging_bytes(row_bytes=row_bytes, **kw) == 3 * queued + rows * (4 * 128 + 4 * 16)
+    assert workspace_bytes(1000) == 8000 and workspace_bytes(1 << 21) == 8 << 21
+    assert workspace_bytes((1 << 21) + 1) == 0

@@ -46,7 +46,7 @@ def test_layerwise_equals_sampled_full_neighbourhood(planted_dataset: Path, tmp_
     ids = np.array([0, 5, 17, 999, 1500, 2999, 2047])
     b = task.data.loader.make_batch(0, ids, epoch=-1, fanouts=[-1, -1, -1])
     with torch.no_grad():
-        expect = net(b.blocks, b.x).numpy()
+        expect = net(b.blocks, b.x.float()).numpy()
     np.testing.assert_allclose(outs[2].gather(ids), expect, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(z[:][ids], expect, rtol=1e-4, atol=1e-5)
     assert outs[1].shape == (3000, 16)

@@ -162,7 +162,7 @@ def _row(name: str, m: dict, base_epoch: float | None) -> dict:
             "swaps_per_epoch": float(np.mean([x.get("swaps", 0) for x in h])),
             "swaps_lower_bound": h[-1].get("swaps_lower_bound"),
             "stall_s_per_epoch": float(np.mean([x["stall_s"] for x in h])),
-            "peak_rss_over_baseline": m["peak_rss_bytes"] - m["rss_baseline_bytes"],
+            "peak_rss_over_baseline": m.get("epoch_peak_rss_bytes", m["peak_rss_bytes"]) - m["rss_baseline_bytes"],
             "rss_baseline": m["rss_baseline_bytes"], "budget": m["budget"]["budget"],
             "test_acc": m["test_acc"],
             "final_test_acc": m.get("final", {}).get("test_acc", m.get("final_test_acc")),
