@@ -209,3 +209,37 @@ def test_bad_options_and_setup_errors_leave_no_run_folder(planted_dataset: Path,
     with pytest.raises(DatasetError):
         train(_cfg(tmp_path / "no-such-dataset", tmp_path / "mine"))
     assert (tmp_path / "mine").is_dir()
+
+
+def test_console_script_restarts_with_huge_page_malloc(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``ooc`` command re-executes itself once with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``
+    on glibc >= 2.35, keeping other tunables; ``OOC_HUGEPAGES=0``, an explicit hugetlb setting or
+    a process that already re-executed is left alone."""
+    import platform
+
+    from ooc.tools.cli import _hugepage_env
+    lib, ver = platform.libc_ver()
+    for k in ("GLIBC_TUNABLES", "OOC_HUGEPAGES", "_OOC_REEXEC"):
+        monkeypatch.delenv(k, raising=False)
+    if lib != "glibc" or tuple(int(x) for x in ver.split(".")[:2]) < (2, 35):
+        assert _hugepage_env() is None
+        return
+    env = _hugepage_env()
+    assert env is not None and env["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1" and env["_OOC_REEXEC"] == "1"
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+    assert _hugepage_env()["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=0")
+    assert _hugepage_env() is None
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    monkeypatch.setenv("OOC_HUGEPAGES", "0")
+    assert _hugepage_env() is None
+    monkeypatch.delenv("OOC_HUGEPAGES")
+    monkeypatch.setenv("_OOC_REEXEC", "1")
+    assert _hugepage_env() is None
+    # the console script restarts (as ``python -m ooc.tools.cli``) and its exit status carries over
+    monkeypatch.delenv("_OOC_REEXEC")
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", "import sys; sys.argv = ['ooc', 'info', '/nonexistent'];"
+                        "from ooc.tools.cli import main; sys.exit(main())"], capture_output=True, text=True)
+    assert r.returncode == 2 and "/nonexistent" in r.stderr
