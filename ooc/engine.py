@@ -573,9 +573,10 @@ def plan_states(train_ids: np.ndarray, part_of: np.ndarray, num_parts: int, stat
         ordering, group: the ordering policy and COMET's logical partition size.
         start: partitions resident when the epoch begins.
         mix: fraction in ``[0, 1)`` of the training nodes that are not bound to a state but
-            spread uniformly over all batches (``hybrid`` only: full-graph sampling can train any
-            seed; their rows are mostly misses).  Mixing makes batch label distributions closer to
-            i.i.d. at the price of reads.
+            spread over all batches (``hybrid`` only: full-graph sampling can train any seed; their
+            rows are mostly misses).  Mixing makes batch label distributions closer to i.i.d. at
+            the price of reads.  The free seeds are dealt out partition by partition, in a random
+            partition order, so each batch's come from a few partitions and their misses coalesce.
 
     Returns:
         The plan; ``batch_state[i]`` is the state batch ``i`` trains in.
@@ -668,7 +669,11 @@ def plan_states(train_ids: np.ndarray, part_of: np.ndarray, num_parts: int, stat
     if not cuts:  # every seed free (tiny training sets)
         cuts, batch_state = [np.empty(0, dtype=np.int64)], [0]
     if fr.size:  # free seeds fill every batch up to batch_size (quotas by room, largest remainder)
+        # partition by partition in a random order (random within a partition): one batch's free
+        # seeds come from a few partitions, so their neighbourhoods' misses cluster in a few
+        # partition ranges and coalesce into long reads, instead of one short read per row
         fr = fr[rng.permutation(fr.shape[0])]
+        fr = fr[np.argsort(rng.permutation(num_parts)[part_of[fr]], kind="stable")]
         room = np.array([max(batch_size - c.shape[0], 0) for c in cuts], dtype=np.float64)
         if room.sum() <= 0:  # every batch full (a tiny mix): spread over all, a seed or so over
             room[:] = 1.0

@@ -156,7 +156,8 @@ def test_state_plan_trains_every_node_once() -> None:
 
 def test_state_plan_fills_batches_and_mixes_seeds() -> None:
     """Partial batches only where the next state cannot top them up; with ``mix`` the free seeds
-    are spread over every batch: outside the state in proportion ``mix * (1 - c/P)``."""
+    are spread over every batch: outside the state in proportion ``mix * (1 - c/P)``, each batch's
+    from few partitions."""
     train_ids = np.arange(0, 8000, 2)
     off = np.linspace(0, 8000, 9).astype(np.int64)
     part = np.searchsorted(off, train_ids, side="right") - 1
@@ -172,10 +173,16 @@ def test_state_plan_fills_batches_and_mixes_seeds() -> None:
                    for b, k in zip(plan.batches, plan.batch_state)]
         if mix == 0:
             assert max(outside) == 0.0
-        else:  # 16 of 64 seeds free, 3/4 of them outside a 2-of-8 state
-            assert abs(np.mean(outside) - 0.25 * 0.75) < 0.03
+        else:  # 16 of 64 seeds free, 3/4 of them outside a 2-of-8 state (free seeds come a
+            # partition at a time, so batches are all-in or all-out: a wider tolerance)
+            assert abs(np.mean(outside) - 0.25 * 0.75) < 0.05
             # a full batch: 48 state seeds + 16 free; a state's partial batch gets more free ones
             assert ((np.array(outside) * sizes) > 17).sum() <= 2
+            # dealt partition by partition (125 free seeds each): a batch's outside seeds come from
+            # at most two partitions
+            for b, k in zip(plan.batches, plan.batch_state):
+                p = np.searchsorted(off, b, side="right") - 1
+                assert np.unique(p[~np.isin(p, plan.states[k])]).shape[0] <= 2
     tiny = plan_states(train_ids, part, 8, 2, 64, seed=1, epoch=0, ordering="comet", group=1,
                        mix=0.002)  # 8 free seeds, every state batch already full
     assert np.array_equal(np.sort(np.concatenate(tiny.batches)), train_ids)
