@@ -29,8 +29,8 @@ from numba import njit, types
 
 from ooc.storage.rawarray import RawArray
 
-__all__ = ["ALIGN", "MISS_RUN_BYTES", "aligned_empty", "plan_runs", "DiskRows", "RangeRead", "NeighborReader",
-           "IOCounters"]
+__all__ = ["ALIGN", "MISS_RUN_BYTES", "aligned_empty", "plan_runs", "DiskRows", "RangeRead",
+           "NeighborReader", "IOCounters"]
 
 ALIGN = 4096
 #: largest miss-read request (bytes): the size of each AIO slot's / pread thread's staging buffer
