@@ -437,3 +437,25 @@ def test_budget_plan_counts_storage_dtype_batches_and_sampler_scratch() -> None:
         assert _staging_bytes(row_bytes=row_bytes, **kw) == 3 * queued + rows * (4 * 128 + 4 * 16)
     assert workspace_bytes(1000) == 8000 and workspace_bytes(1 << 21) == 8 << 21
     assert workspace_bytes((1 << 21) + 1) == 0
+
+
+def test_bench_dd_reference_reads_the_dataset_chunks(metis_dataset: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ooc bench ooc``'s dd reference reads every feature chunk file of the dataset (the bytes the
+    partition loads read) and sums dd's own copy times."""
+    import shutil
+
+    import ooc.tools.bench_ooc as bo
+    if shutil.which("dd") is None:
+        pytest.skip("no dd")
+    monkeypatch.setattr(bo, "_DROP", False)
+    ds = Dataset(metis_dataset)
+    nbytes = sum(os.path.getsize(ds.features.chunk_path(i)) for i in range(ds.features.num_chunks))
+    files = ds.features.num_chunks
+    ds.close()
+    try:
+        r = bo.dd_direct_bandwidth(metis_dataset)
+    except subprocess.CalledProcessError:  # a file system without O_DIRECT (tmpfs)
+        pytest.skip("dd iflag=direct not supported here")
+    assert r["bytes"] == nbytes and r["files"] == files and r["seconds"] > 0
+    assert r["bandwidth_Bps"] == pytest.approx(nbytes / r["seconds"])

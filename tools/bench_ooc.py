@@ -6,7 +6,7 @@ partitioned with ``ooc partition --method metis`` (the streaming partitioner's c
 too), then, with the page cache dropped before every
 run (``sync; echo 3 > /proc/sys/vm/drop_caches``, needs root) and O_DIRECT reads:
 
-1. ``dd iflag=direct`` read bandwidth of a file on the same disk vs the partition-load bandwidth of
+1. ``dd iflag=direct`` read bandwidth of the dataset's feature chunk files vs the partition-load bandwidth of
    the buffer manager (all partitions, sequentially, as swaps do);
 2. training runs, each in its own process (so peak RSS is per run): everything resident (budget >=
    dataset), then ``hybrid``, ``buffer`` and ``exact`` at a budget <= dataset / 3;
@@ -100,21 +100,29 @@ def drop_caches() -> bool:
         return False
 
 
-def dd_direct_bandwidth(workdir: Path, nbytes: int = 1 << 30) -> dict:
-    """Write a ``nbytes`` file, drop caches, read it with ``dd iflag=direct bs=8M``; bytes/s."""
-    path = workdir / "dd.bin"
-    with open(path, "wb") as f:
-        chunk = np.random.default_rng(0).integers(0, 255, 8 << 20, dtype=np.uint8).tobytes()
-        for _ in range(nbytes // len(chunk)):
-            f.write(chunk)
+def dd_direct_bandwidth(ds_path: Path) -> dict:
+    """``dd if=CHUNK of=/dev/null bs=8M iflag=direct`` over every feature chunk file of the dataset
+    (page cache dropped first): the same bytes the partition loads read, in the same state of any
+    cache below the guest (a file written just before would be served from the host's write cache).
+    Seconds are the sum of dd's own reported copy times (process start-up excluded); bytes/s."""
+    import re
+    from ooc.storage.dataset import Dataset
+    ds = Dataset(ds_path)
+    paths = [ds.features.chunk_path(i) for i in range(ds.features.num_chunks)]
+    ds.close()
     drop_caches()
-    t = time.perf_counter()
-    r = subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=8M", "iflag=direct"],
-                       capture_output=True, text=True, check=True)
-    dt = time.perf_counter() - t
-    path.unlink()
-    return {"bytes": nbytes, "seconds": dt, "bandwidth_Bps": nbytes / dt,
-            "dd": r.stderr.strip().splitlines()[-1]}
+    total, secs, last = 0, 0.0, ""
+    for path in paths:
+        r = subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=8M", "iflag=direct"],
+                           capture_output=True, text=True, check=True)
+        last = r.stderr.strip().splitlines()[-1]
+        m = re.match(r"(\d+) bytes .* copied, ([0-9.eE+-]+) s", last)
+        if m is None:
+            raise RuntimeError(f"unexpected dd output: {last!r}")
+        total += int(m.group(1))
+        secs += float(m.group(2))
+    return {"bytes": total, "seconds": secs, "bandwidth_Bps": total / max(secs, 1e-9),
+            "files": len(paths), "dd": last}
 
 
 def partition_load_bandwidth(ds_path: Path, direct: bool = True, threads: int = 4) -> dict:
@@ -239,7 +247,7 @@ def run_bench_ooc(workdir: Path, nodes: int, feat_dim: int, parts: int, budget: 
     ds.close()
     budget = budget or size // 3
     res["budget"] = budget
-    res["dd"] = dd_direct_bandwidth(workdir)
+    res["dd"] = dd_direct_bandwidth(ds_path)
     res["partition_loads"] = partition_load_bandwidth(ds_path)
     common = ["--model", "sage", "--fanout", "10,10", "--batch-size", "256", "--hidden", "64",
               "--epochs", str(epochs), "--prefetch", "1", "--eval-batch-size", "256",
