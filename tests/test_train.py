@@ -243,3 +243,15 @@ def test_console_script_restarts_with_huge_page_malloc(monkeypatch: pytest.Monke
     r = subprocess.run([sys.executable, "-c", "import sys; sys.argv = ['ooc', 'info', '/nonexistent'];"
                         "from ooc.tools.cli import main; sys.exit(main())"], capture_output=True, text=True)
     assert r.returncode == 2 and "/nonexistent" in r.stderr
+
+
+def test_bench_help_is_plain_text(capsys: pytest.CaptureFixture) -> None:
+    """``ooc bench ooc|scale --help`` show their docstring paragraph without Sphinx markup."""
+    from ooc.tools.bench import doc_help
+    from ooc.tools.cli import main
+    assert doc_help("Title.\n\nSee :func:`ooc.x` and ``y``\n   here.") == "See ooc.x and y here."
+    for cmd in ("ooc", "scale"):
+        with pytest.raises(SystemExit):
+            main(["bench", cmd, "--help"])
+        out = capsys.readouterr().out
+        assert "``" not in out and ":func:" not in out and len(out) > 200

@@ -15,13 +15,14 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-__all__ = ["bench_convert", "run_measured"]
+__all__ = ["bench_convert", "run_measured", "doc_help"]
 
 _BASELINE = r"""
 import sys, numpy as np
@@ -35,6 +36,16 @@ np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
 np.save(out + ".indptr.npy", indptr)
 np.save(out + ".indices.npy", indices)
 """
+
+
+def doc_help(doc: str | None, paragraph: int = 1) -> str | None:
+    """Paragraph ``paragraph`` of a module docstring as ``--help`` text: Sphinx roles
+    (``:func:`x``` -> ``x``) and double backquotes removed, whitespace folded."""
+    if not doc:
+        return None
+    parts = doc.split("\n\n")
+    text = re.sub(r":\w+:`~?([^`]+)`", r"\1", parts[min(paragraph, len(parts) - 1)])
+    return " ".join(text.replace("``", "").split())
 
 
 def drop_caches() -> bool:

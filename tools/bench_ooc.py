@@ -366,17 +366,11 @@ def _cmd_bench_ooc(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plain(text: str) -> str:
-    """Docstring text for ``--help``: no Sphinx roles or double backquotes."""
-    import re
-    text = re.sub(r":\w+:`~?([^`]+)`", r"\1", text)
-    return " ".join(text.replace("``", "").split())
-
-
 def add_bench_ooc(bsub: argparse._SubParsersAction) -> None:
     """Register ``ooc bench ooc`` on the subparsers of ``ooc bench``."""
+    from ooc.tools.bench import doc_help
     p = bsub.add_parser("ooc", help="out-of-core engine: bandwidth, epoch time, RSS, accuracy",
-                        description=_plain(__doc__.split("\n\n")[1]) if __doc__ else None)
+                        description=doc_help(__doc__))
     p.add_argument("--workdir", default="/work/bench-data/issue5/bench")
     p.add_argument("--nodes", type=int, default=4_000_000)
     p.add_argument("--feat-dim", type=int, default=256)

@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ooc.tools.bench import drop_caches
+from ooc.tools.bench import doc_help, drop_caches
 
 __all__ = ["ScaleConfig", "run_scale", "format_table", "add_bench_scale"]
 
@@ -482,7 +482,7 @@ def _cmd_bench_scale(args: argparse.Namespace) -> int:
 def add_bench_scale(bsub: argparse._SubParsersAction) -> None:
     """Register ``ooc bench scale`` on the subparsers of ``ooc bench``."""
     p = bsub.add_parser("scale", help="billion-edge pipeline: generate, partition, train, evaluate",
-                        description=__doc__.split("\n\n")[1] if __doc__ else None)
+                        description=doc_help(__doc__))
     p.add_argument("--small", action="store_true",
                    help="the ~10 M-edge variant (500 K nodes, budget 100MB, + in-memory reference)")
     p.add_argument("--workdir", help="default /work/bench-data/issue8/{full,small}")
