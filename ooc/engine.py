@@ -80,6 +80,12 @@ def validate_engine_options(cfg) -> None:
         parse_bytes(cfg.cache_size)
     if cfg.topology not in ("memory", "mmap", "disk"):
         raise ValueError(f"topology must be memory, mmap or disk, got {cfg.topology!r}")
+    miss = getattr(cfg, "miss_features", "disk")
+    if miss not in ("disk", "pq"):
+        raise ValueError(f"miss_features must be disk or pq, got {miss!r}")
+    if miss == "pq" and cfg.mode != "hybrid":
+        raise ValueError(f"--miss-features pq applies to --mode hybrid only (got --mode {cfg.mode}: "
+                         "exact reads exact rows, buffer has no misses)")
 
 
 # ------------------------------------------------------------------------------------------ budget
@@ -100,6 +106,7 @@ class BudgetPlan:
         group: COMET logical partition size.
         scratch: buffers kept between batches: the sampler's per-thread workspace (training and
             evaluation threads).
+        compressed: PQ codes and centroids of every node (``--miss-features pq``).
     """
 
     budget: int | None
@@ -114,10 +121,11 @@ class BudgetPlan:
     group: int
     num_parts: int
     scratch: int = 0
+    compressed: int = 0
 
     @property
     def planned(self) -> int:
-        return (self.topology + self.node_arrays + self.staging + self.scratch
+        return (self.topology + self.node_arrays + self.staging + self.scratch + self.compressed
                 + self.slot * self.slots + self.cache)
 
     def as_dict(self) -> dict:
@@ -158,9 +166,9 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                 batch_size: int, fanouts: list[int], prefetch: int, hidden: int,
                 buffer_partitions: int, cache_size: int | None, cache_policy: str,
                 ordering: str, eval_batch_size: int = 0,
-                eval_fanouts: list[int] | None = None) -> BudgetPlan:
-    """Split ``budget`` between topology, node arrays, staging, sampler scratch, partition slots
-    and the cache.
+                eval_fanouts: list[int] | None = None, compressed: int = 0) -> BudgetPlan:
+    """Split ``budget`` between topology, node arrays, staging, sampler scratch, compressed rows
+    (``compressed`` bytes of PQ codes, see :mod:`ooc.pq`), partition slots and the cache.
 
     Raises:
         ValueError: the budget cannot hold the fixed parts plus the minimum the mode needs (one
@@ -193,13 +201,14 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
         slots = min(buffer_partitions, num_parts)
         cache = cache_size or 0
     else:
-        avail = budget - topo - nodes - stage - scratch
+        avail = budget - topo - nodes - stage - scratch - compressed
         need = slot if mode != "exact" else 0
         if avail < need:
             raise ValueError(
                 f"memory budget {format_bytes(budget)} too small: topology {format_bytes(topo)}, "
                 f"node arrays {format_bytes(nodes)}, batches in flight {format_bytes(stage)}, "
                 f"sampler scratch {format_bytes(scratch)}"
+                + (f", PQ codes {format_bytes(compressed)}" if compressed else "")
                 + (f", one partition slot {format_bytes(slot)}" if need else "")
                 + " (use more partitions, --topology disk, a smaller batch or a larger budget)")
         if mode == "exact":
@@ -233,7 +242,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
     else:
         state = slots - 1
     return BudgetPlan(budget, int(topo), int(nodes), int(stage), int(slot), int(slots), int(state),
-                      int(cache), int(cache_rows), int(group), num_parts, int(scratch))
+                      int(cache), int(cache_rows), int(group), num_parts, int(scratch),
+                      int(compressed))
 
 
 # ------------------------------------------------------------------------------------------ buffer
@@ -245,10 +255,13 @@ class EngineStats(BufferStats):
 
     swaps: int = 0
     topology_bytes: int = 0
+    #: rows of training batches decoded from PQ codes instead of read (``--miss-features pq``)
+    approx_rows: int = 0
 
     def as_dict(self) -> dict:
         d = super().as_dict()
         d.update(swaps=self.swaps, topology_bytes_read=self.topology_bytes,
+                 approx_rows=self.approx_rows,
                  load_bandwidth_Bps=(self.bytes_read_loads / self.load_s) if self.load_s else 0.0)
         return d
 
@@ -394,8 +407,9 @@ class BufferManager(PartitionBuffer):
         base = slot * self.edge_slot_alloc + int(self.tshift[slot])
         return self.tmem[base:base + m * self.topo_rows.row_bytes].view(self.topo_rows.dtype)
 
-    def gather(self, ids: np.ndarray) -> np.ndarray:
-        """Rows ``features[ids]``: resident partitions first, the rest from ``fallback``."""
+    def gather(self, ids: np.ndarray, approx=None) -> np.ndarray:
+        """Rows ``features[ids]``: resident partitions first, the rest from ``fallback``, or from
+        ``approx`` (a :class:`~ooc.pq.CompressedRows`; counted in ``approx_rows``) when given."""
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         n = ids.shape[0]
         out = np.empty((n, *self.features.shape[1:]), dtype=self.features.dtype)
@@ -410,6 +424,10 @@ class BufferManager(PartitionBuffer):
         self.stats.row_hits += int(hits)
         if hits < n:
             pos = np.flatnonzero(miss)
+            if approx is not None:
+                out[pos] = approx.gather(ids[pos])[0]
+                self.stats.approx_rows += int(pos.shape[0])
+                return out
             rows, nbytes = self.fallback.gather(ids[pos])
             out[pos] = rows
             self.stats.row_misses += int(pos.shape[0])
@@ -724,8 +742,9 @@ class EngineLoader:
     def __init__(self, mode: str, sampler: GlobalSampler, buffer: BufferManager, degrees: np.ndarray,
                  labels: np.ndarray, fanouts: list[int], seed: int, replace: bool = False,
                  prefetch: int = 2, feat_norm: str = "none",
-                 resident: ResidentGraph | None = None) -> None:
+                 resident: ResidentGraph | None = None, approx=None) -> None:
         self.mode = mode
+        self.approx = approx  # CompressedRows for training batches' misses (None: exact rows)
         self.sampler = sampler
         self.buffer = buffer
         self.degrees = degrees
@@ -775,7 +794,9 @@ class EngineLoader:
             sg = self.sampler.sample(seeds, fo, key, self.replace)
             blocks = to_torch_blocks(sg, self.degrees)
             t1 = time.perf_counter()
-            x = self._tensor(self.buffer.gather(sg.input_nodes), native=True)
+            # training batches (a buffer state) may take misses from PQ codes; evaluation never
+            approx = self.approx if state >= 0 else None
+            x = self._tensor(self.buffer.gather(sg.input_nodes, approx), native=True)
             gseeds = sg.seeds
             nedges = sg.num_sampled_edges
         y = torch.from_numpy(self.labels[gseeds].astype(np.int64))
@@ -996,9 +1017,20 @@ def build_data_path(cfg, ds: Dataset, rss: RssMonitor | None = None) -> DataPath
         offsets = contiguous_partitions(n, cfg.partitions or 1)
     budget_bytes = parse_bytes(cfg.memory_budget) if cfg.memory_budget else None
     cache_size = parse_bytes(cfg.cache_size) if cfg.cache_size else None
+    approx = None
+    if getattr(cfg, "miss_features", "disk") == "pq":
+        from ooc.pq import open_compressed, pq_bytes
+        pq_need = pq_bytes(ds)
+        if not pq_need:
+            open_compressed(ds)  # raises the "run ooc compress" error
+    else:
+        pq_need = 0
     plan = plan_budget(cfg.mode, budget_bytes, ds, offsets, cfg.topology, cfg.batch_size,
                        cfg.fanouts, cfg.prefetch, cfg.hidden, cfg.buffer_partitions, cache_size,
-                       cfg.cache_policy, cfg.ordering, cfg.eval_batch_size, cfg.eval_fanouts)
+                       cfg.cache_policy, cfg.ordering, cfg.eval_batch_size, cfg.eval_fanouts,
+                       compressed=pq_need)
+    if pq_need:
+        approx = open_compressed(ds)
     indptr = ds.indptr
     readers: list = []
     indices = None
@@ -1029,7 +1061,7 @@ def build_data_path(cfg, ds: Dataset, rss: RssMonitor | None = None) -> DataPath
     sampler = GlobalSampler(indptr, indices, reader)
     loader = EngineLoader(cfg.mode, sampler, buffer, degrees, labels, cfg.fanouts, cfg.seed,
                           replace=cfg.replace, prefetch=cfg.prefetch, feat_norm=cfg.feat_norm,
-                          resident=resident)
+                          resident=resident, approx=approx)
     train_ids = ds.split("train")
     log.info("mode %s: %d of %d partitions resident (%d per state), slot %s, cache %d rows (%s), "
              "budget %s", cfg.mode, plan.slots, plan.num_parts, plan.state_slots,

@@ -440,10 +440,15 @@ def _spool_rows(src: RawArray, perm: np.ndarray, inv: np.ndarray, writer, group:
     return 1
 
 
+#: arrays copied unchanged by the rewrite (PQ codebooks; the codes are a node array, permuted)
+_VERBATIM = ("nodes/pq/centroids", "nodes/pq/bounds")
+
+
 def _known_arrays(ds: Dataset) -> tuple[list[str], list[str]]:
     """(node arrays to permute row-wise, arrays that block the rewrite)."""
     handled = {ARRAY_NAMES[k] for k in ("indptr", "indices", "features", "labels", "train", "valid",
-                                        "test", "partition_offsets")} | {"nodes/perm", *_BUCKET_NAMES}
+                                        "test", "partition_offsets")} | {"nodes/perm", *_BUCKET_NAMES,
+                                                                         *_VERBATIM}
     node_arrays, unknown = [], []
     for rel, rec in ds.manifest["arrays"].items():
         if rel in handled:
@@ -561,6 +566,9 @@ def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overw
             if ds.has(s):
                 w.write_array(s, np.sort(inv[ds.split(s)]))
         w.write_array("partition_offsets", offsets)
+        for rel in _VERBATIM:
+            if rel in ds.manifest["arrays"]:
+                w.write_array(rel, ds.raw(rel).read_all())
         orig = ds.raw("nodes/perm").read_all()[perm] if ds.has("nodes/perm") else perm
         w.write_array("nodes/perm", orig.astype(np.int64, copy=False))
         del orig, perm, inv  # node-sized, not needed by the buckets or the commit's checks

@@ -32,7 +32,7 @@ import numpy as np
 from ooc.storage.catalog import FORMAT_VERSION, Catalog
 from ooc.storage.rawarray import RawArray, RawArrayWriter, write_array, write_group_metadata
 
-__all__ = ["Dataset", "DatasetWriter", "DatasetError", "sha256_file", "ARRAY_NAMES"]
+__all__ = ["Dataset", "DatasetWriter", "ArrayGroupWriter", "DatasetError", "sha256_file", "ARRAY_NAMES"]
 
 ARRAY_NAMES = {
     "indptr": "topology/indptr",
@@ -217,6 +217,107 @@ class DatasetWriter:
             self._done = True
 
     def __enter__(self) -> "DatasetWriter":
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None or not self._done:
+            self.abort()
+
+
+class ArrayGroupWriter:
+    """Add (or replace) one group of arrays in an existing dataset, atomically.
+
+    The arrays are written under a hidden sibling of the group's directory
+    (``arrays.zarr/<parent>/.<name>.partial-PID-XXXX``); :meth:`commit` fsyncs them, first drops a
+    previous version of the group from the manifest (one LMDB transaction), renames the new
+    directory into place, then records its arrays, checksums and ``manifest`` fields (a second
+    transaction).  A writer killed at any point leaves a dataset that verifies: with the old group,
+    with none, or with the new one; the leftovers are removed by the next writer of the group.
+
+    Args:
+        path: dataset directory.
+        group: Zarr path of the group, e.g. ``"nodes/pq"`` (its parent group must exist).
+        overwrite: replace the group when the dataset already has it.
+
+    Raises:
+        DatasetError: not a dataset, or the parent group is missing.
+        FileExistsError: the group exists and ``overwrite`` is false.
+    """
+
+    def __init__(self, path: str | os.PathLike, group: str, overwrite: bool = False) -> None:
+        self.path = Path(path)
+        self.ds = Dataset(self.path)  # validates the dataset
+        self.group = group.strip("/")
+        prefix = self.group + "/"
+        self.old = [k for k in self.ds.manifest["arrays"] if k.startswith(prefix)]
+        if self.old and not overwrite:
+            raise FileExistsError(f"{self.path}: dataset already has {self.group} "
+                                  "(pass --overwrite to replace it)")
+        self.final = self.path / "arrays.zarr" / self.group
+        if not (self.final.parent / "zarr.json").exists():
+            raise DatasetError(f"{self.path}: no group {self.final.parent.name} to add {self.group} to")
+        _remove_stale_partials(self.final)
+        for p in self.final.parent.glob(f".{self.final.name}.old-*"):
+            shutil.rmtree(p, ignore_errors=True)
+        self.tmp = self.final.parent / f".{self.final.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
+        self.tmp.mkdir()
+        write_group_metadata(self.tmp)
+        self.records: dict[str, dict] = {}
+        self._done = False
+
+    def array_writer(self, name: str, dtype: np.dtype | str, row_shape: tuple[int, ...] = (),
+                     expected_rows: int = 0, chunk_rows: int | None = None) -> RawArrayWriter:
+        """A streaming writer for array ``<group>/<name>``; finish with :meth:`finish_array`."""
+        w = RawArrayWriter(self.tmp / name, dtype, row_shape, chunk_rows=chunk_rows,
+                           expected_rows=expected_rows)
+        w.name = f"{self.group}/{name}"  # type: ignore[attr-defined]
+        return w
+
+    def finish_array(self, writer: RawArrayWriter) -> None:
+        self.records[writer.name] = writer.close()  # type: ignore[attr-defined]
+
+    def write_array(self, name: str, data: np.ndarray) -> None:
+        """Write a whole in-memory array ``<group>/<name>``."""
+        self.records[f"{self.group}/{name}"] = write_array(self.tmp / name, data)
+
+    def commit(self, **manifest: Any) -> None:
+        """Put the group in place and record it (see the class docstring for the order)."""
+        _fsync_tree(self.tmp)
+        cat = Catalog(self.path / "catalog.lmdb", readonly=False)
+        try:
+            man = dict(self.ds.manifest)
+            arrays = {k: v for k, v in man["arrays"].items() if k not in self.old}
+            if self.old:
+                cat.put_many_json({"manifest": dict(man, arrays=arrays)})
+                cat.sync()
+            if self.final.exists():  # the old group, or a leftover of a killed writer
+                trash = self.final.parent / f".{self.final.name}.old-{os.getpid()}"
+                os.rename(self.final, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+            _fault_point("group-before-rename")
+            os.rename(self.tmp, self.final)
+            _fsync_dir(self.final.parent)
+            for k, rec in self.records.items():
+                arrays[k] = {kk: rec[kk] for kk in ("shape", "dtype", "chunk_rows")}
+            man.update(manifest)
+            man["arrays"] = arrays
+            items: dict[str, Any] = {"manifest": man}
+            items.update({f"checksums/{k}": rec["checksums"] for k, rec in self.records.items()})
+            cat.put_many_json(items)
+            cat.sync()
+        finally:
+            cat.close()
+        self._done = True
+        self.ds.close()
+
+    def abort(self) -> None:
+        """Remove the partial directory."""
+        if not self._done:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self._done = True
+            self.ds.close()
+
+    def __enter__(self) -> "ArrayGroupWriter":
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:

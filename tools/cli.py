@@ -7,6 +7,7 @@
     ooc info DATASET
     ooc verify DATASET
     ooc partition DATASET --parts 8 --method metis
+    ooc compress DATASET --subspaces 32
     ooc train DATASET --model gcn --fanout 10,10 --partitions 4 --buffer-partitions 1 --output-dir RUN
     ooc train --config run.yaml --set model.hidden=256       ooc train --resume RUN
     ooc eval RUN                                             ooc predict RUN --out preds.zarr
@@ -629,6 +630,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from ooc.tools.partition import add_partition_parser
     add_partition_parser(sub)
+    from ooc.tools.compress import add_compress_parser
+    add_compress_parser(sub)
 
     demo = sub.add_parser("demo", help="generate a synthetic graph, convert it, train out of core",
                           description="End-to-end run on an embedded synthetic default (no download).")

@@ -1,0 +1,205 @@
+"""Compressed feature rows for hybrid training: product-quantisation codes of every node in memory.
+
+In hybrid mode most of a batch's rows come from resident partitions; the rest -- neighbours across
+the partition cut, ~15% of sampled edges with METIS -- are single rows scattered over the file, each
+a 4 KiB disk request.  With ``--miss-features pq`` they are decoded from product-quantisation codes
+instead (``M`` bytes per node, e.g. 32 B for a 256-d float16 row of 512 B), kept in memory within
+the budget: no request at all, at the cost of an approximation of those rows only.  Resident rows,
+evaluation and inference stay exact.
+
+This is the compressed-feature idea of feature-quantised GNN training (e.g. BiFeat, Ma et al.,
+"BiFeat: supercharge GNN training via graph feature quantization", 2022) applied to the misses of
+a partition buffer only; the quantiser is Jegou et al.'s PQ (:mod:`ooc.kernels.pq`).
+
+``ooc compress DATASET --subspaces M`` learns the codebooks on a sample of rows and writes
+``nodes/pq/codes`` (uint8 ``[N, M]``), ``nodes/pq/centroids`` (float32 ``[M, K, dmax]``) and
+``nodes/pq/bounds`` (int64 ``[M + 1]``) into the dataset (atomically, :class:`ArrayGroupWriter`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from ooc.kernels.pq import kmeans_subspace, pq_decode, pq_encode, subspace_bounds
+from ooc.storage.dataset import ArrayGroupWriter, Dataset, DatasetError
+from ooc.storage.rawarray import RawArray
+
+__all__ = ["PQ_GROUP", "train_codebooks", "encode_rows", "compress_dataset", "CompressedRows",
+           "open_compressed"]
+
+log = logging.getLogger(__name__)
+
+PQ_GROUP = "nodes/pq"
+
+
+def _padded(cent: list[np.ndarray], dmax: int) -> np.ndarray:
+    out = np.zeros((len(cent), cent[0].shape[0], dmax), dtype=np.float32)
+    for m, c in enumerate(cent):
+        out[m, :, :c.shape[1]] = c
+    return out
+
+
+def train_codebooks(sample: np.ndarray, subspaces: int, centroids: int = 256, iters: int = 15,
+                    seed: int = 0) -> tuple[np.ndarray, np.ndarray, float]:
+    """k-means codebooks of every subspace on ``sample`` rows.
+
+    Args:
+        sample: ``[S, D]`` rows (any float dtype), ``S >= centroids``.
+        subspaces: M; centroids: K in ``[1, 256]`` (codes are uint8); iters: Lloyd iterations.
+
+    Returns:
+        ``(centroids float32 [M, K, dmax], bounds int64 [M + 1], relative error)``, the error
+        being the mean squared reconstruction error of the sample over its mean squared norm.
+
+    Raises:
+        ValueError: K outside ``[1, 256]``, M outside ``[1, D]``, or fewer than K rows.
+    """
+    if not 1 <= centroids <= 256:
+        raise ValueError(f"PQ centroids must be in [1, 256] (uint8 codes), got {centroids}")
+    x = np.asarray(sample, dtype=np.float32)
+    bounds = subspace_bounds(x.shape[1], subspaces)
+    rng = np.random.default_rng(seed)
+    cents, err = [], 0.0
+    for m in range(subspaces):
+        c, e = kmeans_subspace(x[:, bounds[m]:bounds[m + 1]], centroids, iters, rng)
+        cents.append(c)
+        err += e
+    dmax = int(np.diff(bounds).max())
+    norm = float((x.astype(np.float64) ** 2).sum(1).mean())
+    return _padded(cents, dmax), bounds, err / max(norm, 1e-30)
+
+
+def encode_rows(rows: np.ndarray, centroids: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """PQ codes of ``rows`` ``[n, D]``: uint8 ``[n, M]`` (nearest centroid per subspace)."""
+    cb = np.ascontiguousarray(centroids.transpose(0, 2, 1))  # [M, dmax, K]
+    norms = (centroids.astype(np.float32) ** 2).sum(2).astype(np.float32)  # padding is zero
+    out = np.empty((rows.shape[0], centroids.shape[0]), dtype=np.uint8)
+    x = rows if rows.dtype in (np.float32, np.float64) else rows.astype(np.float32)
+    pq_encode(np.ascontiguousarray(x), cb, norms, bounds, out)
+    return out
+
+
+def compress_dataset(path: str | Path, subspaces: int, centroids: int = 256,
+                     sample_rows: int = 32768, iters: int = 15, seed: int = 0,
+                     overwrite: bool = False, progress: bool = True) -> dict:
+    """Learn PQ codebooks of ``path``'s features and write the codes of every node into it.
+
+    Reads a random sample of ``sample_rows`` rows (page cache allowed: an offline step), then
+    streams the whole feature array once in row blocks.  Memory: the sample plus one block of
+    rows and codes.
+
+    Returns:
+        A summary: subspaces, centroids, bytes per node, relative error of the sample, seconds.
+
+    Raises:
+        DatasetError: the dataset has no features.
+        FileExistsError: it has codes and ``overwrite`` is false.
+        ValueError: bad ``subspaces`` / ``centroids``.
+    """
+    t0 = time.perf_counter()
+    ds = Dataset(path)
+    try:
+        if not ds.has("features"):
+            raise DatasetError(f"{path}: dataset has no features to compress")
+        feats = ds.features
+        n, dim = feats.shape[0], ds.feat_dim
+        subspace_bounds(dim, subspaces)  # validate before any work
+        k = min(centroids, n)
+        s = min(max(sample_rows, k), n)
+        ids = np.sort(np.random.default_rng(seed).choice(n, size=s, replace=False))
+        sample = feats.mmap()[ids].reshape(s, dim)
+        cents, bounds, err = train_codebooks(sample, subspaces, k, iters, seed)
+        del sample
+        t1 = time.perf_counter()
+        with ArrayGroupWriter(path, PQ_GROUP, overwrite=overwrite) as w:
+            cw = w.array_writer("codes", np.uint8, (subspaces,), expected_rows=n)
+            step = max(1, (64 << 20) // max(feats.row_bytes, 1))
+            with tqdm(total=n, unit="rows", desc="pq encode", disable=not progress) as bar:
+                for a in range(0, n, step):
+                    b = min(n, a + step)
+                    cw.append(encode_rows(feats.read(a, b).reshape(b - a, dim), cents, bounds))
+                    bar.update(b - a)
+            w.finish_array(cw)
+            w.write_array("centroids", cents)
+            w.write_array("bounds", bounds)
+            info = {"subspaces": int(subspaces), "centroids": int(k), "sample_rows": int(s),
+                    "iters": int(iters), "seed": int(seed), "relative_error": float(err),
+                    "bytes_per_node": int(subspaces)}
+            w.commit(pq=info)
+        info.update(train_s=t1 - t0, encode_s=time.perf_counter() - t1)
+        return info
+    finally:
+        ds.close()
+
+
+class CompressedRows:
+    """``gather(ids) -> (rows, 0)``: rows decoded from PQ codes in memory (no disk request).
+
+    A drop-in fallback for :class:`~ooc.engine.BufferManager` (the tiers compose like GraphBolt's
+    feature wrappers).  Rows come out in ``dtype`` (the stored feature dtype).
+
+    Args:
+        codes: uint8 ``[N, M]``; centroids: float32 ``[M, K, dmax]``; bounds: int64 ``[M + 1]``;
+        dtype: output dtype; dim: D.
+    """
+
+    def __init__(self, codes: np.ndarray, centroids: np.ndarray, bounds: np.ndarray,
+                 dtype: np.dtype, dim: int) -> None:
+        self.codes = codes
+        self.centroids = np.ascontiguousarray(centroids.astype(dtype))
+        # decoding copies bytes: run it on same-width unsigned words (Numba has no float16)
+        self._word = np.dtype(f"u{self.centroids.dtype.itemsize}")
+        self.bounds = np.ascontiguousarray(bounds, dtype=np.int64)
+        self.dtype = np.dtype(dtype)
+        self.dim = dim
+        self.rows_decoded = 0
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.codes.nbytes + self.centroids.nbytes)
+
+    def gather(self, ids: np.ndarray) -> tuple[np.ndarray, int]:
+        """Approximate rows of ``ids`` (int64 ``[n]``): ``([n, D] dtype, 0 bytes read)``."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        out = np.empty((ids.shape[0], self.dim), dtype=self.dtype)
+        pq_decode(self.codes, ids, self.centroids.view(self._word), self.bounds, out.view(self._word))
+        self.rows_decoded += int(ids.shape[0])
+        return out, 0
+
+
+def pq_bytes(ds: Dataset) -> int:
+    """Memory of the dataset's PQ codes and centroids (0 without codes)."""
+    arrays = ds.manifest["arrays"]
+    total = 0
+    for name in ("codes", "centroids"):
+        rec = arrays.get(f"{PQ_GROUP}/{name}")
+        if rec is None:
+            return 0
+        total += int(np.prod(rec["shape"])) * np.dtype(rec["dtype"]).itemsize
+    return total
+
+
+def open_compressed(ds: Dataset) -> CompressedRows:
+    """Load the dataset's PQ codes into memory.
+
+    Raises:
+        DatasetError: the dataset has no codes (run ``ooc compress`` first), or they do not match
+            its features.
+    """
+    if not ds.has(f"{PQ_GROUP}/codes"):
+        raise DatasetError(f"{ds.path}: no PQ codes (run `ooc compress {ds.path} --subspaces M` "
+                           "first, or train with --miss-features disk)")
+    codes = ds.raw(f"{PQ_GROUP}/codes").read_all()
+    cents = ds.raw(f"{PQ_GROUP}/centroids").read_all()
+    bounds = ds.raw(f"{PQ_GROUP}/bounds").read_all()
+    if codes.shape[0] != ds.num_nodes or int(bounds[-1]) != ds.feat_dim or \
+            codes.shape[1] != cents.shape[0]:
+        raise DatasetError(f"{ds.path}: PQ codes {codes.shape} / bounds do not match "
+                           f"{ds.num_nodes} nodes x {ds.feat_dim} features; rerun ooc compress "
+                           "--overwrite")
+    return CompressedRows(codes, cents, bounds, ds.features.dtype, ds.feat_dim)
