@@ -407,9 +407,10 @@ class BufferManager(PartitionBuffer):
         base = slot * self.edge_slot_alloc + int(self.tshift[slot])
         return self.tmem[base:base + m * self.topo_rows.row_bytes].view(self.topo_rows.dtype)
 
-    def gather(self, ids: np.ndarray, approx=None) -> np.ndarray:
-        """Rows ``features[ids]``: resident partitions first, the rest from ``fallback``, or from
-        ``approx`` (a :class:`~ooc.pq.CompressedRows`; counted in ``approx_rows``) when given."""
+    def gather(self, ids: np.ndarray, approx=None, approx_from: int = 0) -> np.ndarray:
+        """Rows ``features[ids]``: resident partitions first, the rest from ``fallback``; with
+        ``approx`` (a :class:`~ooc.pq.CompressedRows`), missing rows at positions ``>=
+        approx_from`` are decoded from it instead (counted in ``approx_rows``, no read)."""
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         n = ids.shape[0]
         out = np.empty((n, *self.features.shape[1:]), dtype=self.features.dtype)
@@ -425,9 +426,14 @@ class BufferManager(PartitionBuffer):
         if hits < n:
             pos = np.flatnonzero(miss)
             if approx is not None:
-                out[pos] = approx.gather(ids[pos])[0]
-                self.stats.approx_rows += int(pos.shape[0])
-                return out
+                cut = int(np.searchsorted(pos, approx_from))
+                far = pos[cut:]
+                if far.shape[0]:
+                    out[far] = approx.gather(ids[far])[0]
+                    self.stats.approx_rows += int(far.shape[0])
+                pos = pos[:cut]
+                if not pos.shape[0]:
+                    return out
             rows, nbytes = self.fallback.gather(ids[pos])
             out[pos] = rows
             self.stats.row_misses += int(pos.shape[0])
@@ -794,9 +800,14 @@ class EngineLoader:
             sg = self.sampler.sample(seeds, fo, key, self.replace)
             blocks = to_torch_blocks(sg, self.degrees)
             t1 = time.perf_counter()
-            # training batches (a buffer state) may take misses from PQ codes; evaluation never
-            approx = self.approx if state >= 0 else None
-            x = self._tensor(self.buffer.gather(sg.input_nodes, approx), native=True)
+            # training batches (a buffer state) may decode the misses of the outermost hop -- rows
+            # that only enter the first layer as neighbours -- from PQ codes; seeds and inner hops
+            # (and evaluation) stay exact
+            if self.approx is not None and state >= 0:
+                x = self._tensor(self.buffer.gather(sg.input_nodes, self.approx,
+                                                    sg.blocks[0].num_dst), native=True)
+            else:
+                x = self._tensor(self.buffer.gather(sg.input_nodes), native=True)
             gseeds = sg.seeds
             nedges = sg.num_sampled_edges
         y = torch.from_numpy(self.labels[gseeds].astype(np.int64))

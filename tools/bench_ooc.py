@@ -9,7 +9,8 @@ run (``sync; echo 3 > /proc/sys/vm/drop_caches``, needs root) and O_DIRECT reads
 1. ``dd iflag=direct`` read bandwidth of the dataset's feature chunk files vs the partition-load bandwidth of
    the buffer manager (all partitions, sequentially, as swaps do);
 2. training runs, each in its own process (so peak RSS is per run): everything resident (budget >=
-   dataset), then ``hybrid``, ``buffer`` and ``exact`` at a budget <= dataset / 3;
+   dataset), then ``hybrid``, ``hybrid-pq`` (``--miss-features pq``, after ``ooc compress`` when the
+   dataset has no codes yet), ``buffer`` and ``exact`` at a budget <= dataset / 3;
 3. a table: epoch time, ratio to everything-resident, bytes read, hit ratios, swaps vs lower bound,
    I/O stall, peak RSS over the runtime baseline vs the budget, test accuracy.
 
@@ -31,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["write_planted_stream", "drop_caches", "dd_direct_bandwidth", "partition_load_bandwidth",
-           "run_bench_ooc", "run_planetoid_table", "add_bench_ooc"]
+           "BENCH_MODES", "check_modes", "run_bench_ooc", "run_planetoid_table", "add_bench_ooc"]
 
 
 def write_planted_stream(out: str | Path, num_nodes: int, feat_dim: int = 128, num_classes: int = 16,
@@ -181,6 +182,41 @@ def _row(name: str, m: dict, base_epoch: float | None) -> dict:
             "command": m["command"]}
 
 
+#: --modes entries (each optionally :MIX for hybrid runs)
+BENCH_MODES = ("exact", "buffer", "hybrid", "hybrid-pq")
+
+
+def check_modes(modes: list[str]) -> None:
+    """Raises ValueError naming a ``--modes`` entry that is not MODE or hybrid[-pq]:MIX."""
+    for spec in modes:
+        mode, sep, mix = spec.partition(":")
+        if mode not in BENCH_MODES or (sep and not mode.startswith("hybrid")):
+            raise ValueError(f"--modes entry {spec!r}: use {', '.join(BENCH_MODES)} or "
+                             "hybrid[-pq]:MIX")
+        if sep:
+            try:
+                ok = 0 <= float(mix) < 1
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(f"--modes entry {spec!r}: MIX must be a number in [0, 1)")
+
+
+def _ensure_pq(ds_path: Path) -> dict:
+    """The dataset's PQ codes (``ooc compress`` defaults), written now if absent (timed)."""
+    from ooc.pq import compress_dataset
+    from ooc.storage.dataset import Dataset
+    ds = Dataset(ds_path)
+    info = ds.manifest.get("pq")
+    ds.close()
+    if info is not None:
+        return dict(info, reused=True)
+    t = time.perf_counter()
+    info = compress_dataset(ds_path, 32, progress=False)
+    info["seconds"] = time.perf_counter() - t
+    return info
+
+
 def _reusable(ds_path: Path, nodes: int, feat_dim: int, parts: int) -> bool:
     """Whether ``ds_path`` holds a planted dataset of this size, partitioned into ``parts``."""
     from ooc.storage.dataset import Dataset
@@ -253,17 +289,22 @@ def run_bench_ooc(workdir: Path, nodes: int, feat_dim: int, parts: int, budget: 
               "--epochs", str(epochs), "--prefetch", "1", "--eval-batch-size", "256",
               "--partitions", str(parts), "--direct-io", "--seed", "0", "--lr", "0.01",
               "--weight-decay", "0", "--lr-schedule", lr_schedule]
+    if any(m.partition(":")[0] == "hybrid-pq" for m in modes):
+        res["pq"] = _ensure_pq(ds_path)
     runs = {}
     runs["resident"] = _train(ds_path, workdir / "run-resident",
                               common + ["--mode", "hybrid", "--memory-budget", str(64 << 30)])
     base = float(runs["resident"]["history"][-1]["train_time_s"])
-    for spec in modes:  # MODE, or hybrid:MIX for a hybrid run with another --hybrid-mix
+    for spec in modes:  # MODE, or hybrid[-pq]:MIX for a hybrid run with another --hybrid-mix
         mode, _, mix = spec.partition(":")
         name = mode if not mix else f"{mode} (mix {mix})"
+        train_mode = "hybrid" if mode == "hybrid-pq" else mode
         runs[name] = _train(ds_path, workdir / f"run-{spec.replace(':', '-')}",
-                            common + ["--mode", mode, "--memory-budget", str(budget)]
+                            common + ["--mode", train_mode, "--memory-budget", str(budget)]
                             + (["--topology", "disk"] if mode == "buffer" else [])
-                            + (["--hybrid-mix", mix or str(hybrid_mix)] if mode == "hybrid" else []))
+                            + (["--miss-features", "pq"] if mode == "hybrid-pq" else [])
+                            + (["--hybrid-mix", mix or str(hybrid_mix)]
+                               if train_mode == "hybrid" else []))
     res["rows"] = [_row(k, m, base) for k, m in runs.items()]
     (workdir / "bench_ooc.json").write_text(json.dumps(res, indent=2))
     if not keep:
@@ -352,6 +393,7 @@ def _cmd_bench_ooc(args: argparse.Namespace) -> int:
     global _DROP
     _DROP = not args.no_drop_caches
     work = Path(args.workdir)
+    check_modes(args.modes.split(","))
     if not args.skip_synthetic:
         res = run_bench_ooc(work, args.nodes, args.feat_dim, args.parts,
                             parse_bytes(args.budget) if args.budget else None, args.epochs,
@@ -379,7 +421,9 @@ def add_bench_ooc(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--budget", default="", help="default: dataset bytes / 3")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--modes", default="hybrid,buffer,exact",
-                   help="comma-separated; hybrid:MIX adds a hybrid run with --hybrid-mix MIX")
+                   help="comma-separated among exact, buffer, hybrid, hybrid-pq (hybrid with "
+                        "--miss-features pq; the dataset is compressed first if it has no codes); "
+                        "hybrid:MIX / hybrid-pq:MIX run with --hybrid-mix MIX")
     p.add_argument("--keep", action="store_true", help="keep the generated dataset")
     p.add_argument("--reuse", action="store_true",
                    help="reuse WORKDIR/planted when it matches --nodes/--feat-dim/--parts (implies --keep)")

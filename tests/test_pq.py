@@ -1,0 +1,273 @@
+"""Product-quantised feature rows: kernels, ``ooc compress`` (atomic), partition rewrite, and hybrid
+training with ``--miss-features pq``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ooc.config import TrainConfig
+from ooc.engine import build_data_path, plan_budget
+from ooc.kernels.pq import kmeans_subspace, subspace_bounds
+from ooc.partition import partition_dataset
+from ooc.pq import (PQ_GROUP, CompressedRows, compress_dataset, encode_rows, open_compressed,
+                    pq_bytes, train_codebooks)
+from ooc.storage.dataset import Dataset, DatasetError
+from ooc.tools.cli import main
+
+
+# ------------------------------------------------------------------------------------------ kernels
+def test_subspace_bounds_exact() -> None:
+    assert subspace_bounds(10, 3).tolist() == [0, 4, 7, 10]
+    assert subspace_bounds(8, 8).tolist() == list(range(9))
+    assert subspace_bounds(5, 1).tolist() == [0, 5]
+    for bad in (0, 11):
+        with pytest.raises(ValueError, match=r"\[1, 10\]"):
+            subspace_bounds(10, bad)
+
+
+def test_kmeans_recovers_separated_clusters() -> None:
+    centres = np.array([[0, 0], [10, 0], [0, 10], [10, 10]], dtype=np.float32)
+    rng = np.random.default_rng(0)
+    x = np.repeat(centres, 50, axis=0)
+    cent, err = kmeans_subspace(x, 4, 10, rng)
+    assert err == 0.0
+    assert sorted(map(tuple, cent.tolist())) == sorted(map(tuple, centres.tolist()))
+    with pytest.raises(ValueError, match="at least 4 rows"):
+        kmeans_subspace(x[:3], 4, 10, rng)
+
+
+def _grid_rows(n: int, dim: int, m: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Rows whose every subspace takes one of ``k`` values: PQ with ``k`` centroids is lossless."""
+    rng = np.random.default_rng(seed)
+    bounds = subspace_bounds(dim, m)
+    vals = [rng.integers(-8, 8, (k, int(bounds[j + 1] - bounds[j]))).astype(np.float32)
+            for j in range(m)]
+    pick = rng.integers(0, k, (n, m))
+    rows = np.concatenate([vals[j][pick[:, j]] for j in range(m)], axis=1)
+    return rows, bounds
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_pq_round_trip_is_exact_when_rows_are_centroids(dtype: type) -> None:
+    rows, bounds = _grid_rows(2000, 10, 3, 4)
+    rows = rows.astype(dtype)
+    cent, b, err = train_codebooks(rows, 3, centroids=4, iters=10, seed=1)
+    assert b.tolist() == bounds.tolist() == [0, 4, 7, 10]
+    assert cent.shape == (3, 4, 4)  # dmax 4; the 3-wide subspaces are zero-padded
+    assert np.all(cent[1:, :, 3] == 0)
+    assert err == pytest.approx(0.0, abs=1e-12)
+    codes = encode_rows(rows, cent, b)
+    assert codes.dtype == np.uint8 and codes.shape == (2000, 3)
+    dec = CompressedRows(codes, cent, b, np.dtype(dtype), 10)
+    ids = np.array([5, 0, 1999, 5, 17])
+    got, nbytes = dec.gather(ids)
+    assert nbytes == 0 and got.dtype == dtype
+    np.testing.assert_array_equal(got, rows[ids])
+    assert dec.rows_decoded == 5
+
+
+def test_pq_codes_are_nearest_centroids() -> None:
+    """Random rows: every code is the argmin of the squared distance in its subspace."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(0, 1, (500, 12)).astype(np.float32)
+    cent, b, err = train_codebooks(x, 4, centroids=16, iters=8, seed=0)
+    assert 0 < err < 1
+    codes = encode_rows(x, cent, b)
+    for m in range(4):
+        sub = x[:, b[m]:b[m + 1]]
+        c = cent[m, :, :b[m + 1] - b[m]]
+        d = ((sub[:, None, :] - c[None]) ** 2).sum(2)
+        np.testing.assert_allclose(d[np.arange(500), codes[:, m]], d.min(1), rtol=1e-4, atol=1e-5)
+
+
+def test_train_codebooks_rejects_bad_sizes() -> None:
+    x = np.zeros((100, 8), np.float32)
+    with pytest.raises(ValueError, match="centroids"):
+        train_codebooks(x, 2, centroids=300)
+    with pytest.raises(ValueError, match="subspaces"):
+        train_codebooks(x, 9, centroids=4)
+
+
+# ------------------------------------------------------------------------------------------ storage
+@pytest.fixture()
+def planted_copy(planted_dataset: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "planted"
+    shutil.copytree(planted_dataset, out)
+    return out
+
+
+def test_compress_writes_codes_that_verify(planted_copy: Path) -> None:
+    info = compress_dataset(planted_copy, 4, centroids=16, sample_rows=1000, iters=5, progress=False)
+    assert info["bytes_per_node"] == 4 and info["centroids"] == 16 and info["sample_rows"] == 1000
+    ds = Dataset(planted_copy)
+    assert ds.manifest["pq"]["subspaces"] == 4
+    assert ds.verify_checksums() == [] and ds.check_structure() == []
+    codes = ds.raw(f"{PQ_GROUP}/codes").read_all()
+    cent = ds.raw(f"{PQ_GROUP}/centroids").read_all()
+    bounds = ds.raw(f"{PQ_GROUP}/bounds").read_all()
+    assert codes.shape == (3000, 4) and cent.shape == (4, 16, 4) and bounds.tolist() == [0, 4, 8, 12, 16]
+    np.testing.assert_array_equal(codes, encode_rows(ds.features.read_all(), cent, bounds))
+    assert pq_bytes(ds) == codes.nbytes + cent.nbytes
+    rows = open_compressed(ds)
+    assert rows.gather(np.array([0, 2999]))[0].dtype == ds.features.dtype
+    ds.close()
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        compress_dataset(planted_copy, 8, centroids=16, sample_rows=1000, progress=False)
+    compress_dataset(planted_copy, 8, centroids=16, sample_rows=1000, iters=3, overwrite=True,
+                     progress=False)
+    ds = Dataset(planted_copy)
+    assert ds.raw(f"{PQ_GROUP}/codes").shape == (3000, 8) and ds.manifest["pq"]["subspaces"] == 8
+    assert ds.verify_checksums() == []
+    assert not list((planted_copy / "arrays.zarr" / "nodes").glob(".pq.*"))
+
+
+def test_compress_cli_errors_write_nothing(planted_copy: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["compress", str(planted_copy), "--subspaces", "17", "--no-progress"]) == 2
+    assert "[1, 16]" in capsys.readouterr().err
+    assert main(["compress", str(planted_copy), "--subspaces", "4", "--centroids", "0",
+                 "--no-progress"]) == 2
+    assert "centroids" in capsys.readouterr().err
+    ds = Dataset(planted_copy)
+    assert "pq" not in ds.manifest and not ds.has(f"{PQ_GROUP}/codes")
+    assert not list((planted_copy / "arrays.zarr" / "nodes").glob(".pq.*"))
+    assert main(["compress", str(planted_copy.parent / "nope"), "--no-progress"]) == 2
+
+
+def test_sigkill_during_compress_keeps_the_dataset_valid(planted_copy: Path, tmp_path: Path) -> None:
+    compress_dataset(planted_copy, 4, centroids=16, sample_rows=1000, iters=3, progress=False)
+    marker = tmp_path / "paused"
+    env = dict(os.environ, OOC_FAULT_PAUSE=f"group-before-rename:60:{marker}")
+    proc = subprocess.Popen([sys.executable, "-m", "ooc.tools.cli", "compress", str(planted_copy),
+                             "--subspaces", "8", "--centroids", "16", "--sample-rows", "1000",
+                             "--overwrite", "--no-progress"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not marker.exists():
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.time() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    ds = Dataset(planted_copy)  # the old codes were dropped first; the new ones never recorded
+    assert not ds.has(f"{PQ_GROUP}/codes")
+    assert ds.verify_checksums() == [] and ds.check_structure() == []
+    ds.close()
+    assert main(["compress", str(planted_copy), "--subspaces", "8", "--centroids", "16",
+                 "--sample-rows", "1000", "--no-progress"]) == 0
+    ds = Dataset(planted_copy)
+    assert ds.raw(f"{PQ_GROUP}/codes").shape == (3000, 8) and ds.verify_checksums() == []
+    assert not list((planted_copy / "arrays.zarr" / "nodes").glob(".pq.*"))
+
+
+def test_partition_keeps_codes_permuted_with_rows(planted_copy: Path) -> None:
+    compress_dataset(planted_copy, 4, centroids=16, sample_rows=1000, iters=3, progress=False)
+    before = Dataset(planted_copy)
+    old_codes = before.raw(f"{PQ_GROUP}/codes").read_all()
+    old_cent = before.raw(f"{PQ_GROUP}/centroids").read_all()
+    before.close()
+    out, _ = partition_dataset(planted_copy, 3, "random", seed=2)
+    ds = Dataset(out)
+    perm = ds.load("nodes/perm")
+    np.testing.assert_array_equal(ds.raw(f"{PQ_GROUP}/codes").read_all(), old_codes[perm])
+    np.testing.assert_array_equal(ds.raw(f"{PQ_GROUP}/centroids").read_all(), old_cent)
+    assert ds.manifest["pq"]["subspaces"] == 4 and ds.verify_checksums() == []
+
+
+# ------------------------------------------------------------------------------------------ training
+def _cfg(ds: Path, out: Path, **kw: object) -> TrainConfig:
+    base = dict(dataset=str(ds), output_dir=str(out), model="sage", fanouts=[5, 5], batch_size=64,
+                epochs=1, seed=3, partitions=8, buffer_partitions=2, progress=False, mode="hybrid",
+                miss_features="pq")
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_pq_batches_decode_only_outer_hop_misses(planted_copy: Path, tmp_path: Path) -> None:
+    compress_dataset(planted_copy, 4, centroids=16, sample_rows=1000, iters=3, progress=False)
+    ds = Dataset(planted_copy)
+    feats = ds.features.read_all()
+    dp = build_data_path(_cfg(planted_copy, tmp_path / "r"), ds)
+    try:
+        codes = open_compressed(ds)
+        plan = dp.plan(0)
+        approx_seen = 0
+        for b in dp.iterate(plan, 0):
+            sg_nodes = None
+            # recompute the batch's input nodes with the same key to compare row by row
+            from ooc.kernels.rng import batch_key
+            sg = dp.loader.sampler.sample(plan.batches[b.index], dp.loader.fanouts,
+                                          batch_key(3, 0, b.index), False)
+            sg_nodes = sg.input_nodes
+            x = b.x.numpy()
+            inner = sg.blocks[0].num_dst
+            np.testing.assert_array_equal(x[:inner], feats[sg_nodes[:inner]])  # seeds + hop 1 exact
+            outer = sg_nodes[inner:]
+            part = np.searchsorted(dp.offsets, outer, side="right") - 1
+            resident = np.isin(part, [p for p in dp.buffer.part_in_slot if p >= 0])
+            dec = codes.gather(outer)[0]
+            want = np.where(resident[:, None], feats[outer], dec)
+            np.testing.assert_array_equal(x[inner:], want)
+            approx_seen += int((~resident).sum())
+            if b.index >= 3:
+                break
+        assert approx_seen > 0
+        assert dp.buffer.stats.approx_rows >= approx_seen
+        # evaluation batches (no buffer state) stay exact
+        nodes = ds.split("test")[:50]
+        eb = dp.loader.make_batch(0, nodes, 0, [-1, -1])
+        sg = dp.loader.sampler.sample(nodes, [-1, -1], batch_key(3, 0, 0), False)
+        np.testing.assert_array_equal(eb.x.numpy(), feats[sg.input_nodes])
+    finally:
+        dp.close()
+        ds.close()
+
+
+def test_pq_budget_counts_codes(planted_copy: Path) -> None:
+    compress_dataset(planted_copy, 8, centroids=16, sample_rows=1000, iters=3, progress=False)
+    ds = Dataset(planted_copy)
+    off = ds.partition_offsets
+    args = dict(mode="hybrid", budget=2_000_000, ds=ds, offsets=off, topology="memory",
+                batch_size=64, fanouts=[5, 5], prefetch=1, hidden=16, buffer_partitions=2,
+                cache_size=None, cache_policy="none", ordering="sequential", eval_batch_size=64,
+                eval_fanouts=[5, 5])
+    plain = plan_budget(**args)
+    need = pq_bytes(ds)
+    assert need == 3000 * 8 + 8 * 16 * 2 * 4
+    pq = plan_budget(**args, compressed=need)
+    assert pq.compressed == need and pq.planned <= 2_000_000
+    assert pq.slots == min(plain.num_parts, (2_000_000 - (plain.planned - plain.slot * plain.slots)
+                                              - need) // plain.slot)
+    ds.close()
+
+
+def test_pq_option_errors(planted_copy: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="hybrid only"):
+        _cfg(planted_copy, tmp_path / "a", mode="exact")
+    ds = Dataset(planted_copy)
+    with pytest.raises(DatasetError, match="ooc compress"):
+        build_data_path(_cfg(planted_copy, tmp_path / "b"), ds)
+    ds.close()
+
+
+def test_hybrid_pq_trains_close_to_disk_misses(planted_copy: Path, tmp_path: Path) -> None:
+    """The planted graph (4 classes, 16-d features) in hybrid mode with 2 of 8 partitions resident:
+    decoding the outer hop's misses from 8-byte codes keeps accuracy within 3 points."""
+    from ooc.train import train
+    compress_dataset(planted_copy, 8, centroids=64, sample_rows=3000, iters=10, progress=False)
+    accs = {}
+    for mf in ("disk", "pq"):
+        m = train(_cfg(planted_copy, tmp_path / mf, miss_features=mf, epochs=4))
+        accs[mf] = m["test_acc"]
+        h = m["history"][-1]
+        assert (h["approx_rows"] > 0) == (mf == "pq")
+    assert accs["disk"] > 0.8
+    assert accs["pq"] > accs["disk"] - 0.03
