@@ -62,6 +62,19 @@ def _assign(x: np.ndarray, cent_t: np.ndarray, norms: np.ndarray, out: np.ndarra
     return total.sum()
 
 
+@njit(cache=True, nogil=True)
+def _cluster_sums(x: np.ndarray, labels: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-cluster sums (float64 [k, d]) and counts (int64 [k]) of the rows of ``x``."""
+    sums = np.zeros((k, x.shape[1]), dtype=np.float64)
+    counts = np.zeros(k, dtype=np.int64)
+    for i in range(x.shape[0]):
+        c = labels[i]
+        counts[c] += 1
+        for j in range(x.shape[1]):
+            sums[c, j] += x[i, j]
+    return sums, counts
+
+
 def kmeans_subspace(x: np.ndarray, k: int, iters: int, rng: np.random.Generator) -> tuple[np.ndarray, float]:
     """Lloyd's k-means of the rows of ``x`` (float32 ``[S, d]``), started from ``k`` distinct
     random rows; an emptied cluster restarts at a random row.
@@ -82,9 +95,7 @@ def kmeans_subspace(x: np.ndarray, k: int, iters: int, rng: np.random.Generator)
     for _ in range(max(iters, 1)):
         cent_t = np.ascontiguousarray(cent.T)
         err = _assign(x, cent_t, (cent * cent).sum(1).astype(np.float32), labels) / s
-        counts = np.bincount(labels, minlength=k)
-        sums = np.zeros((k, d), dtype=np.float64)
-        np.add.at(sums, labels, x)
+        sums, counts = _cluster_sums(x, labels, k)
         empty = counts == 0
         cent = (sums / np.maximum(counts, 1)[:, None]).astype(np.float32)
         if empty.any():
@@ -115,10 +126,13 @@ def pq_encode(rows: np.ndarray, codebooks: np.ndarray, norms: np.ndarray, bounds
                 v = np.float32(-2.0) * np.float32(rows[i, a + j])
                 for c in range(k):
                     dist[c] += v * codebooks[m, j, c]
-            best = 0
+            # the minimum first (a SIMD reduction), then its first position
+            low = dist[0]
             for c in range(1, k):
-                if dist[c] < dist[best]:
-                    best = c
+                low = min(low, dist[c])
+            best = 0
+            while dist[best] != low:
+                best += 1
             out[i, m] = best
 
 

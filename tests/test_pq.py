@@ -271,3 +271,13 @@ def test_hybrid_pq_trains_close_to_disk_misses(planted_copy: Path, tmp_path: Pat
         assert (h["approx_rows"] > 0) == (mf == "pq")
     assert accs["disk"] > 0.8
     assert accs["pq"] > accs["disk"] - 0.03
+
+
+def test_bench_modes_accept_hybrid_pq() -> None:
+    from ooc.tools.bench_ooc import check_modes
+    check_modes(["hybrid", "hybrid-pq", "hybrid-pq:0.1", "hybrid:0.5", "buffer", "exact"])
+    for bad, msg in (("hybrid-zip", "use exact"), ("buffer:0.1", "use exact"),
+                     ("hybrid-pq:1.5", r"\[0, 1\)"), ("hybrid:x", r"\[0, 1\)")):
+        with pytest.raises(ValueError, match=msg):
+            check_modes([bad])
+    assert main(["bench", "ooc", "--modes", "hybrid,zip", "--skip-planetoid"]) == 2

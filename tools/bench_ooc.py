@@ -319,40 +319,46 @@ def run_planetoid_table(shared: Path, workdir: Path, names: list[str], seeds: in
 
     Runs that are identical by construction are trained once and reported for each budget:
     ``exact`` does not depend on the budget (tested: identical loss sequences), and with all 8
-    partitions resident ``buffer`` and ``hybrid`` share the plan and sample the full graph.
+    partitions resident ``buffer``, ``hybrid`` and ``hybrid-pq`` (hybrid with ``--miss-features
+    pq``, codes of ``ooc compress --subspaces 32``) share the plan and sample the full graph.
     """
     from ooc.config import TrainConfig
     from ooc.partition import partition_dataset
+    from ooc.pq import compress_dataset
     from ooc.tools.convert import convert_planetoid
     from ooc.train import train
     rows = []
     for name in names:
         ds = convert_planetoid(shared / name / "planetoid", name, workdir / name, overwrite=True)
         _, pres = partition_dataset(ds, 8, "metis")
+        compress_dataset(ds, 32, progress=False)  # hybrid-pq: the default codes (32 B per node)
         runs: dict = {}
-        for mode, c in [("exact", 8), ("hybrid", 1), ("hybrid", 2), ("hybrid", 8), ("buffer", 1),
-                        ("buffer", 2)]:
+        for mode, c in [("exact", 8), ("hybrid", 1), ("hybrid", 2), ("hybrid", 8), ("hybrid-pq", 1),
+                        ("hybrid-pq", 2), ("buffer", 1), ("buffer", 2)]:
             accs, hits = [], []
             for s in range(seeds):
                 cfg = TrainConfig(dataset=str(ds), output_dir=str(workdir / f"{name}-{mode}-{c}-{s}"),
                                   model="gcn", fanouts=[10, 10], batch_size=256, epochs=epochs,
                                   hidden=16, feat_norm="row", partitions=8, buffer_partitions=c,
-                                  seed=s, mode=mode, eval_every=eval_every, progress=False)
+                                  seed=s, mode=mode.removesuffix("-pq"),
+                                  miss_features="pq" if mode == "hybrid-pq" else "disk",
+                                  eval_every=eval_every, progress=False)
                 m = train(cfg)
                 accs.append(m["test_acc"])
                 hits.append(m["buffer_hit_ratio"])
             runs[(mode, c)] = (accs, hits)
         runs[("buffer", 8)] = runs[("hybrid", 8)]
+        runs[("hybrid-pq", 8)] = runs[("hybrid", 8)]  # everything resident: no misses to decode
         for c in (1, 2):
             runs[("exact", c)] = runs[("exact", 8)]
-        for mode in ("exact", "hybrid", "buffer"):
+        for mode in ("exact", "hybrid", "hybrid-pq", "buffer"):
             for c in (1, 2, 8):
                 accs, hits = runs[(mode, c)]
                 rows.append({"dataset": name, "mode": mode, "resident": c, "seeds": seeds,
                              "edge_cut": pres.cut_fraction,
                              "test_acc_mean": float(np.mean(accs)), "test_acc_std": float(np.std(accs)),
                              "buffer_hit_ratio": float(np.mean(hits))})
-                print(f"{name:9s} {mode:7s} {c}/8 resident: {100 * np.mean(accs):.1f} "
+                print(f"{name:9s} {mode:9s} {c}/8 resident: {100 * np.mean(accs):.1f} "
                       f"+- {100 * np.std(accs):.1f} (hit ratio {np.mean(hits):.3f})", flush=True)
     (workdir / "planetoid_table.json").write_text(json.dumps(rows, indent=2))
     return rows

@@ -222,6 +222,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
         if part:
             print(f"partitioned  {part['method']}: edge cut {100 * part['cut_fraction']:.2f}%, training "
                   f"nodes per partition {min(part['train_per_part']):,}-{max(part['train_per_part']):,}")
+    pq = man.get("pq")
+    if pq:
+        print(f"pq codes     {pq['subspaces']} B per node ({pq['subspaces']} subspaces x {pq['centroids']} "
+              f"centroids), relative squared error {pq['relative_error']:.3f} (ooc compress)")
     print("arrays:")
     for rel, rec in sorted(man["arrays"].items()):
         print(f"  {rel:<26} {str(tuple(rec['shape'])):<20} {rec['dtype']:<8} "
