@@ -88,17 +88,10 @@ _DROP = True
 
 
 def drop_caches() -> bool:
-    """``sync; echo 3 > /proc/sys/vm/drop_caches``; False where not permitted or disabled
-    (``--no-drop-caches``: all feature reads are O_DIRECT anyway, so the page cache cannot serve them)."""
-    if not _DROP:
-        return False
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
+    """:func:`ooc.tools.bench.drop_caches` unless disabled (``--no-drop-caches``: all feature reads
+    are O_DIRECT anyway, so the page cache cannot serve them); False where not permitted or disabled."""
+    from ooc.tools.bench import drop_caches as _drop
+    return _drop() if _DROP else False
 
 
 def dd_direct_bandwidth(ds_path: Path) -> dict:
