@@ -104,10 +104,11 @@ class TrainConfig:
     hybrid_mix: float = _opt(0.25, "data", "hybrid: fraction of each batch's seeds drawn from all "
                              "training nodes instead of the resident partitions (closer to i.i.d. "
                              "batches, more reads); 0 = seeds of resident partitions only")
-    miss_features: str = _opt("disk", "data", "hybrid: where training batches get rows outside the "
-                              "resident partitions: disk (exact rows, batched reads) or pq (decoded "
-                              "from the product-quantisation codes of `ooc compress`, kept in memory "
-                              "within the budget; evaluation stays exact)", choices=("disk", "pq"))
+    miss_features: str = _opt("disk", "data", "hybrid: where training batches get the rows of their "
+                              "outermost hop that are not resident: disk (exact rows, batched reads) "
+                              "or pq (decoded from the product-quantisation codes of `ooc compress`, "
+                              "kept in memory within the budget; seeds, inner hops and evaluation "
+                              "stay exact)", choices=("disk", "pq"))
     cache_policy: str = _opt("sieve", "data", "CPU feature cache policy for rows outside the buffer",
                              choices=("sieve", "clock", "lru", "none"))
     cache_size: str = _opt("", "data", "feature cache size without a budget, e.g. 256MB")

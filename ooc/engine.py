@@ -210,7 +210,9 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                 f"sampler scratch {format_bytes(scratch)}"
                 + (f", PQ codes {format_bytes(compressed)}" if compressed else "")
                 + (f", one partition slot {format_bytes(slot)}" if need else "")
-                + " (use more partitions, --topology disk, a smaller batch or a larger budget)")
+                + " (use more partitions, --topology disk, a smaller batch or a larger budget"
+                + ("; or --miss-features disk / fewer `ooc compress --subspaces`" if compressed
+                   else "") + ")")
         if mode == "exact":
             if num_parts * slot <= avail and not cache_size:
                 slots, cache = num_parts, 0
@@ -908,7 +910,7 @@ class DataPath:
         self.part_of_train = np.searchsorted(offsets, train_ids, side="right") - 1
         self.rss = rss
         self.totals = {"bytes_read": 0, "row_hits": 0, "row_misses": 0, "cache_hits": 0,
-                       "cache_misses": 0, "swaps": 0}
+                       "cache_misses": 0, "swaps": 0, "approx_rows": 0}
         self._last_swaps_lb = 0
         if cfg.mode == "exact" and buffer.capacity:
             buffer.require(list(range(buffer.capacity)), [])  # static residency
@@ -953,7 +955,8 @@ class DataPath:
         self.buffer.drain()
         d = self.buffer.reset_stats().as_dict()
         d.update(self.extra_stats(d["bytes_read"]))
-        for k in ("bytes_read", "row_hits", "row_misses", "cache_hits", "cache_misses", "swaps"):
+        for k in ("bytes_read", "row_hits", "row_misses", "cache_hits", "cache_misses", "swaps",
+                  "approx_rows"):
             self.totals[k] += int(d.get(k, 0))
         return d
 
@@ -998,6 +1001,8 @@ class DataPath:
                 "budget": self.budget.as_dict(), "rss_baseline_bytes": self.rss.baseline,
                 "direct_io": bool(getattr(self.buffer.features, "direct", False)),
                 "num_parts": self.budget.num_parts, "resident_partitions": self.budget.state_slots,
+                "miss_features": "pq" if self.loader.approx is not None else "disk",
+                "approx_rows": t["approx_rows"],
                 "hybrid_mix": self.cfg.hybrid_mix if self.cfg.mode == "hybrid" else 0.0}
 
     def close(self) -> None:
@@ -1040,7 +1045,12 @@ def build_data_path(cfg, ds: Dataset, rss: RssMonitor | None = None) -> DataPath
                        cfg.fanouts, cfg.prefetch, cfg.hidden, cfg.buffer_partitions, cache_size,
                        cfg.cache_policy, cfg.ordering, cfg.eval_batch_size, cfg.eval_fanouts,
                        compressed=pq_need)
-    if pq_need:
+    if pq_need and plan.slots >= plan.num_parts:  # everything resident: nothing to decode
+        plan = plan_budget(cfg.mode, budget_bytes, ds, offsets, cfg.topology, cfg.batch_size,
+                           cfg.fanouts, cfg.prefetch, cfg.hidden, cfg.buffer_partitions, cache_size,
+                           cfg.cache_policy, cfg.ordering, cfg.eval_batch_size, cfg.eval_fanouts)
+        log.info("every partition is resident: PQ codes not loaded")
+    elif pq_need:
         approx = open_compressed(ds)
     indptr = ds.indptr
     readers: list = []

@@ -84,6 +84,19 @@ def encode_rows(rows: np.ndarray, centroids: np.ndarray, bounds: np.ndarray) -> 
     return out
 
 
+#: largest feature magnitude PQ accepts: squared distances must stay finite in float32
+MAX_ABS = 1e15
+
+
+def _check_finite(rows: np.ndarray, what: str) -> None:
+    """Raises ValueError when ``rows`` hold NaN / inf or values beyond :data:`MAX_ABS`."""
+    bad = ~np.isfinite(rows) | (np.abs(rows) > MAX_ABS)
+    if bad.any():
+        r, c = np.argwhere(bad)[0]
+        raise ValueError(f"{what}: value {rows[r, c]} in row {r} (of the block), column {c}; PQ needs "
+                         f"finite features below {MAX_ABS:g} in magnitude (rescale them first)")
+
+
 def compress_dataset(path: str | Path, subspaces: int, centroids: int = 256,
                      sample_rows: int = 32768, iters: int = 15, seed: int = 0,
                      overwrite: bool = False, progress: bool = True) -> dict:
@@ -98,21 +111,34 @@ def compress_dataset(path: str | Path, subspaces: int, centroids: int = 256,
 
     Raises:
         DatasetError: the dataset has no features.
-        FileExistsError: it has codes and ``overwrite`` is false.
-        ValueError: bad ``subspaces`` / ``centroids``.
+        FileExistsError: it has codes and ``overwrite`` is false (checked before any work).
+        ValueError: bad ``subspaces`` / ``centroids`` / ``iters``, ``sample_rows`` below the
+            centroids, or features that are not finite or beyond :data:`MAX_ABS`.
     """
     t0 = time.perf_counter()
     ds = Dataset(path)
     try:
         if not ds.has("features"):
             raise DatasetError(f"{path}: dataset has no features to compress")
+        if ds.has(f"{PQ_GROUP}/codes") and not overwrite:
+            raise FileExistsError(f"{path}: dataset already has {PQ_GROUP} (pass --overwrite to "
+                                  "replace it)")
         feats = ds.features
         n, dim = feats.shape[0], ds.feat_dim
-        subspace_bounds(dim, subspaces)  # validate before any work
-        k = min(centroids, n)
-        s = min(max(sample_rows, k), n)
+        if not 1 <= subspaces <= dim:
+            raise ValueError(f"--subspaces must be in [1, {dim}] (the feature dimension), got "
+                             f"{subspaces}")
+        if not 1 <= centroids <= 256:
+            raise ValueError(f"--centroids must be in [1, 256] (uint8 codes), got {centroids}")
+        if iters < 1:
+            raise ValueError(f"--iters must be >= 1, got {iters}")
+        k = min(centroids, n)  # a graph with fewer nodes than centroids: one centroid per node
+        if sample_rows < k:
+            raise ValueError(f"--sample-rows {sample_rows} is smaller than the {k} centroids to learn")
+        s = min(sample_rows, n)
         ids = np.sort(np.random.default_rng(seed).choice(n, size=s, replace=False))
         sample = feats.mmap()[ids].reshape(s, dim)
+        _check_finite(sample, f"{path}: sampled feature rows")
         cents, bounds, err = train_codebooks(sample, subspaces, k, iters, seed)
         del sample
         t1 = time.perf_counter()
@@ -122,7 +148,9 @@ def compress_dataset(path: str | Path, subspaces: int, centroids: int = 256,
             with tqdm(total=n, unit="rows", desc="pq encode", disable=not progress) as bar:
                 for a in range(0, n, step):
                     b = min(n, a + step)
-                    cw.append(encode_rows(feats.read(a, b).reshape(b - a, dim), cents, bounds))
+                    rows = feats.read(a, b).reshape(b - a, dim)
+                    _check_finite(rows, f"{path}: feature rows [{a}, {b})")
+                    cw.append(encode_rows(rows, cents, bounds))
                     bar.update(b - a)
             w.finish_array(cw)
             w.write_array("centroids", cents)
@@ -189,8 +217,10 @@ def open_compressed(ds: Dataset) -> CompressedRows:
 
     Raises:
         DatasetError: the dataset has no codes (run ``ooc compress`` first), or they do not match
-            its features.
+            its features or the codebook (a code >= K).
     """
+    if not ds.has("features"):
+        raise DatasetError(f"{ds.path}: dataset has no features (nothing to decode)")
     if not ds.has(f"{PQ_GROUP}/codes"):
         raise DatasetError(f"{ds.path}: no PQ codes (run `ooc compress {ds.path} --subspaces M` "
                            "first, or train with --miss-features disk)")
@@ -198,8 +228,9 @@ def open_compressed(ds: Dataset) -> CompressedRows:
     cents = ds.raw(f"{PQ_GROUP}/centroids").read_all()
     bounds = ds.raw(f"{PQ_GROUP}/bounds").read_all()
     if codes.shape[0] != ds.num_nodes or int(bounds[-1]) != ds.feat_dim or \
-            codes.shape[1] != cents.shape[0]:
-        raise DatasetError(f"{ds.path}: PQ codes {codes.shape} / bounds do not match "
-                           f"{ds.num_nodes} nodes x {ds.feat_dim} features; rerun ooc compress "
-                           "--overwrite")
+            codes.shape[1] != cents.shape[0] or bounds.shape[0] != cents.shape[0] + 1 or \
+            (codes.size and int(codes.max()) >= cents.shape[1]):
+        raise DatasetError(f"{ds.path}: PQ codes {codes.shape} (max {int(codes.max()) if codes.size else 0}"
+                           f") do not match {ds.num_nodes} nodes x {ds.feat_dim} features and "
+                           f"{cents.shape[1]} centroids; rerun ooc compress --overwrite")
     return CompressedRows(codes, cents, bounds, ds.features.dtype, ds.feat_dim)

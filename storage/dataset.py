@@ -281,13 +281,15 @@ class ArrayGroupWriter:
         self.records[f"{self.group}/{name}"] = write_array(self.tmp / name, data)
 
     def commit(self, **manifest: Any) -> None:
-        """Put the group in place and record it (see the class docstring for the order)."""
+        """Put the group in place and record it with the ``manifest`` fields (see the class
+        docstring for the order; fields of the same names are dropped with the old group)."""
         _fsync_tree(self.tmp)
         cat = Catalog(self.path / "catalog.lmdb", readonly=False)
         try:
-            man = dict(self.ds.manifest)
+            man = {k: v for k, v in self.ds.manifest.items() if k not in manifest}
             arrays = {k: v for k, v in man["arrays"].items() if k not in self.old}
-            if self.old:
+            if self.old or len(man) < len(self.ds.manifest):
+                # the old group and the manifest fields describing it go first
                 cat.put_many_json({"manifest": dict(man, arrays=arrays)})
                 cat.sync()
             if self.final.exists():  # the old group, or a leftover of a killed writer

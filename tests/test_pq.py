@@ -159,7 +159,7 @@ def test_sigkill_during_compress_keeps_the_dataset_valid(planted_copy: Path, tmp
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     ds = Dataset(planted_copy)  # the old codes were dropped first; the new ones never recorded
-    assert not ds.has(f"{PQ_GROUP}/codes")
+    assert not ds.has(f"{PQ_GROUP}/codes") and "pq" not in ds.manifest
     assert ds.verify_checksums() == [] and ds.check_structure() == []
     ds.close()
     assert main(["compress", str(planted_copy), "--subspaces", "8", "--centroids", "16",
@@ -281,3 +281,58 @@ def test_bench_modes_accept_hybrid_pq() -> None:
         with pytest.raises(ValueError, match=msg):
             check_modes([bad])
     assert main(["bench", "ooc", "--modes", "hybrid,zip", "--skip-planetoid"]) == 2
+
+
+def test_compress_refuses_before_any_work(planted_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Existing codes without --overwrite, too small a sample, no iterations, K > 256: refused
+    before the codebooks are learnt (the check used to come after them)."""
+    import ooc.pq as pqmod
+    compress_dataset(planted_copy, 4, centroids=16, sample_rows=1000, iters=2, progress=False)
+
+    def boom(*a: object, **k: object) -> None:
+        raise AssertionError("codebooks learnt before the refusal")
+    monkeypatch.setattr(pqmod, "train_codebooks", boom)
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        compress_dataset(planted_copy, 4, centroids=16, progress=False)
+    for kw, msg in ((dict(sample_rows=15), "smaller than the 16 centroids"),
+                    (dict(iters=0), "--iters"), (dict(centroids=257), r"\[1, 256\]"),
+                    (dict(subspaces=17), r"--subspaces must be in \[1, 16\]")):
+        args = dict(subspaces=4, centroids=16, sample_rows=1000, overwrite=True, progress=False)
+        args.update(kw)
+        with pytest.raises(ValueError, match=msg):
+            compress_dataset(planted_copy, **args)
+
+
+def test_compress_refuses_features_beyond_float32_distances(tmp_path: Path) -> None:
+    from ooc.tools.convert import write_graph_dataset
+    x = np.ones((300, 4), np.float32)
+    x[123, 2] = 1e30
+    p = write_graph_dataset(tmp_path / "big", 300, np.arange(299), np.arange(1, 300), x,
+                            np.zeros(300, np.int64), {"train": np.arange(10)}, 1, "big")
+    with pytest.raises(ValueError, match="1e\\+30 in row"):
+        compress_dataset(p, 2, centroids=4, sample_rows=300, progress=False)
+    ds = Dataset(p)
+    assert "pq" not in ds.manifest and ds.verify_checksums() == []
+
+
+def test_codes_beyond_the_codebook_are_refused(planted_copy: Path) -> None:
+    compress_dataset(planted_copy, 4, centroids=16, sample_rows=1000, iters=2, progress=False)
+    ds = Dataset(planted_copy)
+    chunk = ds.raw(f"{PQ_GROUP}/codes").chunk_path(0)
+    with open(chunk, "r+b") as f:  # on-disk damage: a code of 255 with K = 16
+        f.write(bytes([255]))
+    with pytest.raises(DatasetError, match="16 centroids"):
+        open_compressed(ds)
+    ds.close()
+
+
+def test_pq_codes_not_loaded_when_everything_is_resident(planted_copy: Path, tmp_path: Path) -> None:
+    compress_dataset(planted_copy, 4, centroids=16, sample_rows=1000, iters=2, progress=False)
+    ds = Dataset(planted_copy)
+    dp = build_data_path(_cfg(planted_copy, tmp_path / "r", buffer_partitions=8), ds)
+    try:
+        assert dp.loader.approx is None and dp.budget.compressed == 0
+        assert dp.budget.slots == 8
+    finally:
+        dp.close()
+        ds.close()

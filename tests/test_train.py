@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -243,6 +244,24 @@ def test_console_script_restarts_with_huge_page_malloc(monkeypatch: pytest.Monke
     r = subprocess.run([sys.executable, "-c", "import sys; sys.argv = ['ooc', 'info', '/nonexistent'];"
                         "from ooc.tools.cli import main; sys.exit(main())"], capture_output=True, text=True)
     assert r.returncode == 2 and "/nonexistent" in r.stderr
+
+
+def test_console_script_restart_ignores_an_ooc_folder_in_cwd(tmp_path: Path) -> None:
+    """The re-executed command imports the installed ``ooc``, not an ``ooc/`` folder in the current
+    directory (``python -m`` would put the directory first on ``sys.path``)."""
+    import subprocess
+    import sys
+    (tmp_path / "ooc").mkdir()
+    (tmp_path / "ooc" / "__init__.py").write_text("raise SystemExit('decoy ooc imported')\n")
+    if sys.version_info < (3, 11):
+        pytest.skip("no -P before Python 3.11 (and no re-execution)")
+    env = {k: v for k, v in os.environ.items() if k not in ("_OOC_REEXEC", "OOC_HUGEPAGES")}
+    code = ("import sys; sys.argv = ['ooc', 'info', '/nonexistent'];"
+            "from ooc.tools.cli import main; sys.exit(main())")
+    # -P: like the console script, whose sys.path starts with its bin/ directory, not the cwd
+    r = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
+                       cwd=tmp_path, env=env)
+    assert "decoy" not in r.stderr and r.returncode == 2 and "/nonexistent" in r.stderr
 
 
 def test_bench_help_is_plain_text(capsys: pytest.CaptureFixture) -> None:

@@ -298,6 +298,9 @@ def _print_summary(m: dict) -> None:
         print(f"engine        mode {m['mode']}, {b['slots']} of {b['num_parts']} partitions resident, "
               f"swaps {m['swaps']}, cache hit ratio {m['cache_hit_ratio']:.3f} "
               f"({_human(m['cache_bytes'])}), runtime overhead {_human(m['rss_baseline_bytes'])}")
+        if m.get("miss_features") == "pq":
+            print(f"pq            {m['approx_rows']:,} outer-hop rows decoded from PQ codes instead of "
+                  f"read ({_human(b.get('compressed', 0))} of codes in the budget)")
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -696,13 +699,24 @@ def _hugepage_env() -> dict[str, str] | None:
             "_OOC_REEXEC": "1"}
 
 
+def _reexec_argv() -> list[str] | None:
+    """The command line of the huge-page re-execution: ``python -P -m ooc.tools.cli ARGS``. ``-P``
+    (Python >= 3.11) keeps ``-m`` from putting the current directory first on ``sys.path``, where
+    an ``ooc/`` folder would be imported instead of the installed package; without it (3.10) there
+    is no re-execution."""
+    if sys.version_info < (3, 11):
+        return None
+    return [sys.executable, "-P", "-m", "ooc.tools.cli", *sys.argv[1:]]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``ooc`` console script; returns the exit status."""
     import os
     if argv is None:  # the console script: once, restart with huge-page malloc (see _hugepage_env)
         env = _hugepage_env()
-        if env is not None:
-            os.execve(sys.executable, [sys.executable, "-m", "ooc.tools.cli", *sys.argv[1:]], env)
+        cmd = _reexec_argv()
+        if env is not None and cmd is not None:
+            os.execve(sys.executable, cmd, env)
     # OpenMP waiters that spin make torch ops ~100x slower when other processes share the cores;
     # sleeping waiters cost little.  Set before torch is imported; an explicit setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -29,8 +29,9 @@ def add_compress_parser(sub: argparse._SubParsersAction) -> None:
         "compress", help="product-quantisation codes of the feature rows (for --miss-features pq)",
         description="Learn k-means codebooks of M feature subspaces on a sample of rows and store "
                     "every node's codes (M bytes) in the dataset (nodes/pq/*), atomically. Hybrid "
-                    "training with --miss-features pq decodes the rows outside the resident partitions "
-                    "from them instead of reading them. `ooc partition` keeps the codes (permuted with "
+                    "training with --miss-features pq decodes the rows a batch's outermost hop needs from "
+                    "partitions that are not resident from them instead of reading them (seeds, inner "
+                    "hops and evaluation stay exact). `ooc partition` keeps the codes (permuted with "
                     "the rows).")
     p.add_argument("dataset", help="dataset directory (codes are added in place)")
     p.add_argument("--subspaces", type=int, default=32,
