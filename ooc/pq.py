@@ -88,12 +88,14 @@ def encode_rows(rows: np.ndarray, centroids: np.ndarray, bounds: np.ndarray) -> 
 MAX_ABS = 1e15
 
 
-def _check_finite(rows: np.ndarray, what: str) -> None:
-    """Raises ValueError when ``rows`` hold NaN / inf or values beyond :data:`MAX_ABS`."""
+def _check_finite(rows: np.ndarray, what: str, ids: np.ndarray | None = None, first: int = 0) -> None:
+    """Raises ValueError naming the node (``ids[r]``, else ``first + r``) and column of the first
+    NaN / inf or value beyond :data:`MAX_ABS` in ``rows``."""
     bad = ~np.isfinite(rows) | (np.abs(rows) > MAX_ABS)
     if bad.any():
         r, c = np.argwhere(bad)[0]
-        raise ValueError(f"{what}: value {rows[r, c]} in row {r} (of the block), column {c}; PQ needs "
+        node = int(ids[r]) if ids is not None else first + int(r)
+        raise ValueError(f"{what}: value {float(rows[r, c]):g} at node {node}, column {c}; PQ needs "
                          f"finite features below {MAX_ABS:g} in magnitude (rescale them first)")
 
 
@@ -138,7 +140,7 @@ def compress_dataset(path: str | Path, subspaces: int, centroids: int = 256,
         s = min(sample_rows, n)
         ids = np.sort(np.random.default_rng(seed).choice(n, size=s, replace=False))
         sample = feats.mmap()[ids].reshape(s, dim)
-        _check_finite(sample, f"{path}: sampled feature rows")
+        _check_finite(sample, f"{path}: features", ids=ids)
         cents, bounds, err = train_codebooks(sample, subspaces, k, iters, seed)
         del sample
         t1 = time.perf_counter()
@@ -149,7 +151,7 @@ def compress_dataset(path: str | Path, subspaces: int, centroids: int = 256,
                 for a in range(0, n, step):
                     b = min(n, a + step)
                     rows = feats.read(a, b).reshape(b - a, dim)
-                    _check_finite(rows, f"{path}: feature rows [{a}, {b})")
+                    _check_finite(rows, f"{path}: features", first=a)
                     cw.append(encode_rows(rows, cents, bounds))
                     bar.update(b - a)
             w.finish_array(cw)

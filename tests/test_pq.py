@@ -309,8 +309,10 @@ def test_compress_refuses_features_beyond_float32_distances(tmp_path: Path) -> N
     x[123, 2] = 1e30
     p = write_graph_dataset(tmp_path / "big", 300, np.arange(299), np.arange(1, 300), x,
                             np.zeros(300, np.int64), {"train": np.arange(10)}, 1, "big")
-    with pytest.raises(ValueError, match="1e\\+30 in row"):
+    with pytest.raises(ValueError, match="1e\\+30 at node 123, column 2"):
         compress_dataset(p, 2, centroids=4, sample_rows=300, progress=False)
+    with pytest.raises(ValueError, match="1e\\+30 at node 123, column 2"):  # not in the sample
+        compress_dataset(p, 2, centroids=4, sample_rows=4, seed=5, progress=False)
     ds = Dataset(p)
     assert "pq" not in ds.manifest and ds.verify_checksums() == []
 
