@@ -829,7 +829,8 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
             if dist is not None:
                 rec.update(dist.host_memory())
             rec["epoch_time_s"] = time.perf_counter() - t0
-            for k in ("bytes_read", "row_hits", "row_misses", "cache_hits", "cache_misses", "swaps"):
+            for k in ("bytes_read", "row_hits", "row_misses", "cache_hits", "cache_misses", "swaps",
+                      "approx_rows"):
                 st.totals[k] = st.totals.get(k, 0) + int(rec.get(k, getattr(io, k, 0)))
             st.history.append(rec)
             with open(metrics_path, "a") as f:
@@ -906,7 +907,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
                         if k not in ("bytes_read", "row_hits", "row_misses", "buffer_hit_ratio")})
         ch, cm = st.totals.get("cache_hits", 0), st.totals.get("cache_misses", 0)
         metrics.update(cache_hits=ch, cache_misses=cm, cache_hit_ratio=ch / max(ch + cm, 1),
-                       swaps=st.totals.get("swaps", 0))
+                       swaps=st.totals.get("swaps", 0), approx_rows=st.totals.get("approx_rows", 0))
     write_json_atomic(out / "metrics.json", metrics)
     ds.close()
     return metrics

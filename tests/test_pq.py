@@ -269,6 +269,8 @@ def test_hybrid_pq_trains_close_to_disk_misses(planted_copy: Path, tmp_path: Pat
         accs[mf] = m["test_acc"]
         h = m["history"][-1]
         assert (h["approx_rows"] > 0) == (mf == "pq")
+        assert m["approx_rows"] == sum(x["approx_rows"] for x in m["history"])
+        assert m["miss_features"] == mf
     assert accs["disk"] > 0.8
     assert accs["pq"] > accs["disk"] - 0.03
 
