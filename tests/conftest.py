@@ -76,3 +76,21 @@ def small_dataset(path: Path, num_nodes: int, src: list[int], dst: list[int], fe
     return write_graph_dataset(path, num_nodes, np.array(src, dtype=np.int64),
                                np.array(dst, dtype=np.int64), x, labels,
                                {"train": np.arange(num_nodes)}, 2, "small", **kw)
+
+
+def start_paused(args: list[str], env: dict[str, str], marker: Path, timeout: float = 120.0):
+    """Start ``python -m ooc.tools.cli ARGS`` with ``env`` (a fault-point pause such as
+    ``OOC_FAULT_PAUSE=<point>:<s>:<marker>``) and return the process once it has touched ``marker``,
+    i.e. is paused at that point (ready for SIGKILL).  Fails if it exits or times out first."""
+    import subprocess
+    import sys
+    import time
+    proc = subprocess.Popen([sys.executable, "-m", "ooc.tools.cli", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + timeout
+    while not marker.exists():
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.time() < deadline, f"no pause within {timeout} s"
+        time.sleep(0.05)
+    return proc
+

@@ -6,13 +6,11 @@ import os
 import pickle
 import shutil
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import start_paused
 
 from ooc.storage.dataset import Dataset
 from ooc.tools.cli import main
@@ -92,14 +90,8 @@ def test_sigkill_mid_conversion_leaves_no_dataset(cora_raw: Path, tmp_path: Path
     out = tmp_path / "cora"
     marker = tmp_path / "paused"
     env = dict(os.environ, OOC_FAULT_PAUSE=f"before-rename:60:{marker}")
-    proc = subprocess.Popen([sys.executable, "-m", "ooc.tools.cli", "convert", "planetoid",
-                             "--raw-dir", str(cora_raw), "--name", "cora", "--out", str(out)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 120
-    while not marker.exists():
-        assert proc.poll() is None, proc.stderr.read().decode()
-        assert time.time() < deadline
-        time.sleep(0.05)
+    proc = start_paused(["convert", "planetoid", "--raw-dir", str(cora_raw), "--name", "cora",
+                         "--out", str(out)], env, marker)
     assert any(tmp_path.glob(".cora.partial-*"))  # the arrays were being written
     proc.send_signal(signal.SIGKILL)
     proc.wait()

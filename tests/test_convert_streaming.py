@@ -7,11 +7,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import start_paused
 
 import ooc.kernels.graph as kg
 from ooc.storage.dataset import Dataset
@@ -376,20 +376,14 @@ def test_sigkill_during_bucket_build_leaves_nothing(tmp_path: Path) -> None:
     out = tmp_path / "ds"
     marker = tmp_path / "paused"
     env = dict(os.environ, OOC_FAULT_PAUSE=f"csc-scatter:60:{marker}")
-    cmd = [sys.executable, "-m", "ooc.tools.cli", "convert", "numpy", str(tmp_path / "e.npy"),
-           "--out", str(out), "--memory-budget", "80000"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 120
-    while not marker.exists():
-        assert proc.poll() is None, proc.stderr.read().decode()
-        assert time.time() < deadline
-        time.sleep(0.05)
+    cmd = ["convert", "numpy", str(tmp_path / "e.npy"), "--out", str(out), "--memory-budget", "80000"]
+    proc = start_paused(cmd, env, marker)
     partial = list(tmp_path.glob(".ds.partial-*"))
     assert partial and any((partial[0] / "_work" / "buckets").iterdir())
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not out.exists()
-    assert main(cmd[3:]) == 0
+    assert main(cmd) == 0
     assert Dataset(out).num_edges == 5000
     assert not any(tmp_path.glob(".ds.partial-*"))
 

@@ -6,13 +6,11 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import start_paused
 
 from ooc.config import TrainConfig
 from ooc.engine import build_data_path, plan_budget
@@ -147,15 +145,8 @@ def test_sigkill_during_compress_keeps_the_dataset_valid(planted_copy: Path, tmp
     compress_dataset(planted_copy, 4, centroids=16, sample_rows=1000, iters=3, progress=False)
     marker = tmp_path / "paused"
     env = dict(os.environ, OOC_FAULT_PAUSE=f"group-before-rename:60:{marker}")
-    proc = subprocess.Popen([sys.executable, "-m", "ooc.tools.cli", "compress", str(planted_copy),
-                             "--subspaces", "8", "--centroids", "16", "--sample-rows", "1000",
-                             "--overwrite", "--no-progress"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 120
-    while not marker.exists():
-        assert proc.poll() is None, proc.stderr.read().decode()
-        assert time.time() < deadline
-        time.sleep(0.05)
+    proc = start_paused(["compress", str(planted_copy), "--subspaces", "8", "--centroids", "16",
+                         "--sample-rows", "1000", "--overwrite", "--no-progress"], env, marker)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     ds = Dataset(planted_copy)  # the old codes were dropped first; the new ones never recorded

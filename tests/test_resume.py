@@ -5,12 +5,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from conftest import start_paused
 import torch
 
 from ooc.checkpoint import load_checkpoint
@@ -88,13 +86,7 @@ def test_sigkill_mid_epoch_then_resume(planted_dataset: Path, tmp_path: Path) ->
     marker = tmp_path / "paused"
     # step 20 is 5 batches into epoch 1 and 2 steps past the checkpoint of step 18
     env = dict(os.environ, OOC_FAULT_PAUSE_STEP=f"20:120:{marker}")
-    proc = subprocess.Popen([sys.executable, "-m", "ooc.tools.cli", "train", *args, "--output-dir",
-                             str(part_run)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 240
-    while not marker.exists():
-        assert proc.poll() is None, proc.stderr.read().decode()
-        assert time.time() < deadline
-        time.sleep(0.05)
+    proc = start_paused(["train", *args, "--output-dir", str(part_run)], env, marker, timeout=240)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
@@ -147,13 +139,7 @@ def test_sigkill_mid_epoch_then_resume_hybrid(planted_dataset: Path, tmp_path: P
     kill = per_epoch[0] + 5  # 5 batches into epoch 1
     marker = tmp_path / "paused"
     env = dict(os.environ, OOC_FAULT_PAUSE_STEP=f"{kill}:120:{marker}")
-    proc = subprocess.Popen([sys.executable, "-m", "ooc.tools.cli", "train", *args, "--output-dir",
-                             str(part_run)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 240
-    while not marker.exists():
-        assert proc.poll() is None, proc.stderr.read().decode()
-        assert time.time() < deadline
-        time.sleep(0.05)
+    proc = start_paused(["train", *args, "--output-dir", str(part_run)], env, marker, timeout=240)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
