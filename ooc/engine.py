@@ -31,7 +31,7 @@ import logging
 import time
 from contextlib import closing
 from dataclasses import asdict, dataclass, field
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 import torch
@@ -48,6 +48,9 @@ from ooc.loader import Batch, prefetched
 from ooc.models import to_torch_blocks
 from ooc.ordering import ORDERINGS, count_swaps, node_states, node_swap_lower_bound
 from ooc.storage.dataset import Dataset
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ooc.pq import CompressedRows
 
 __all__ = ["MODES", "warm_up_runtime", "BudgetPlan", "plan_budget", "BufferManager", "EngineStats", "EnginePlan",
            "EngineLoader", "DataPath", "build_data_path", "validate_engine_options"]
@@ -409,7 +412,8 @@ class BufferManager(PartitionBuffer):
         base = slot * self.edge_slot_alloc + int(self.tshift[slot])
         return self.tmem[base:base + m * self.topo_rows.row_bytes].view(self.topo_rows.dtype)
 
-    def gather(self, ids: np.ndarray, approx=None, approx_from: int = 0) -> np.ndarray:
+    def gather(self, ids: np.ndarray, approx: CompressedRows | None = None,
+               approx_from: int = 0) -> np.ndarray:
         """Rows ``features[ids]``: resident partitions first, the rest from ``fallback``; with
         ``approx`` (a :class:`~ooc.pq.CompressedRows`), missing rows at positions ``>=
         approx_from`` are decoded from it instead (counted in ``approx_rows``, no read)."""
@@ -750,7 +754,8 @@ class EngineLoader:
     def __init__(self, mode: str, sampler: GlobalSampler, buffer: BufferManager, degrees: np.ndarray,
                  labels: np.ndarray, fanouts: list[int], seed: int, replace: bool = False,
                  prefetch: int = 2, feat_norm: str = "none",
-                 resident: ResidentGraph | None = None, approx=None) -> None:
+                 resident: ResidentGraph | None = None,
+                 approx: CompressedRows | None = None) -> None:
         self.mode = mode
         self.approx = approx  # CompressedRows for training batches' misses (None: exact rows)
         self.sampler = sampler

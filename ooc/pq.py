@@ -27,7 +27,6 @@ from tqdm import tqdm
 
 from ooc.kernels.pq import kmeans_subspace, pq_decode, pq_encode, subspace_bounds
 from ooc.storage.dataset import ArrayGroupWriter, Dataset, DatasetError
-from ooc.storage.rawarray import RawArray
 
 __all__ = ["PQ_GROUP", "train_codebooks", "encode_rows", "compress_dataset", "CompressedRows",
            "open_compressed"]
