@@ -915,7 +915,7 @@ class DataPath:
         self.part_of_train = np.searchsorted(offsets, train_ids, side="right") - 1
         self.rss = rss
         self.totals = {"bytes_read": 0, "row_hits": 0, "row_misses": 0, "cache_hits": 0,
-                       "cache_misses": 0, "swaps": 0, "approx_rows": 0}
+                       "cache_misses": 0, "swaps": 0}
         self._last_swaps_lb = 0
         if cfg.mode == "exact" and buffer.capacity:
             buffer.require(list(range(buffer.capacity)), [])  # static residency
@@ -960,8 +960,7 @@ class DataPath:
         self.buffer.drain()
         d = self.buffer.reset_stats().as_dict()
         d.update(self.extra_stats(d["bytes_read"]))
-        for k in ("bytes_read", "row_hits", "row_misses", "cache_hits", "cache_misses", "swaps",
-                  "approx_rows"):
+        for k in ("bytes_read", "row_hits", "row_misses", "cache_hits", "cache_misses", "swaps"):
             self.totals[k] += int(d.get(k, 0))
         return d
 
@@ -1007,7 +1006,6 @@ class DataPath:
                 "direct_io": bool(getattr(self.buffer.features, "direct", False)),
                 "num_parts": self.budget.num_parts, "resident_partitions": self.budget.state_slots,
                 "miss_features": "pq" if self.loader.approx is not None else "disk",
-                "approx_rows": t["approx_rows"],
                 "hybrid_mix": self.cfg.hybrid_mix if self.cfg.mode == "hybrid" else 0.0}
 
     def close(self) -> None:
