@@ -2,7 +2,7 @@
 
 ``sample_blocks_lists`` gives exactly the sample of :func:`ooc.kernels.sampling.sample_blocks` on
 the same graph, key and fanouts, but reads each hop's neighbour lists through a ``fetch(nodes) ->
-(ptr, ids)`` callback (e.g. :class:`ooc.io.NeighborReader` page-aligned reads, or a partition
+(ptr, ids)`` callback (e.g. :class:`ooc.storage.io.NeighborReader` page-aligned reads, or a partition
 buffer's resident topology) instead of indexing an in-memory CSC.  The draws replicate
 ``sample_hop``: the random stream of node ``v`` is ``mix_key(hop key, v)``, Floyd's algorithm
 without replacement, ``rand_below`` with replacement -- so exact mode with the topology on disk

@@ -1,6 +1,6 @@
 """CSC / CSR construction from COO edge lists, and the kernels of the streaming (external-memory) build.
 
-In memory: :func:`build_csc` (counting sort).  Streaming (driven by :mod:`ooc.tools.streaming`):
+In memory: :func:`build_csc` (counting sort).  Streaming (driven by :mod:`ooc.ingest.streaming`):
 :func:`count_into` (degree counting), :func:`bucket_scatter` (distribute a chunk into dst-range
 buckets), :func:`local_csc` + :func:`sort_segments` (one bucket to CSC, neighbours sorted, optional
 dedup, edge values carried along), :func:`merge_unique` (merge two sorted runs of ids).  Pairs are

@@ -5,7 +5,7 @@ A row of ``D`` features is cut into ``M`` contiguous sub-vectors (subspace ``m``
 centroids, learnt by k-means on a sample of rows, so a row costs ``M`` bytes instead of
 ``D * itemsize`` (Jegou, Douze & Schmid, "Product quantization for nearest neighbor search", TPAMI
 2011).  ooc keeps the codes of every node in memory and decodes the rows a hybrid batch would
-otherwise read from disk (see :mod:`ooc.pq`).
+otherwise read from disk (see :mod:`ooc.features.pq`).
 
 Codebooks are stored transposed, ``float32 [M, dmax, K]`` (``dmax`` = the widest subspace, unused
 dimensions zero), so the distance loop runs over centroids in the inner loop (SIMD).

@@ -354,7 +354,7 @@ class TrainConfig:
         if self.task == "link" and self.neg_ratio < 1:
             raise ValueError("link prediction needs neg_ratio >= 1")
         if self.device_cache:
-            from ooc.tools.streaming import parse_bytes
+            from ooc.util.sizes import parse_bytes
             if parse_bytes(self.device_cache) < 0:
                 raise ValueError(f"device_cache must be a size >= 0, got {self.device_cache!r}")
         if not self.dataset:

@@ -396,12 +396,12 @@ class DistContext:
 
     def make_buffer(self, features: Any, offsets: np.ndarray, capacity: int, io_threads: int = 1) -> Any:
         """The partition buffer of this rank: with ``shared_buffer`` and several local ranks, one
-        buffer per machine in shared memory (:mod:`ooc.shm`) -- local rank 0 owns it and does the
+        buffer per machine in shared memory (:mod:`ooc.data.shared`) -- local rank 0 owns it and does the
         I/O, the others map it; otherwise a private :class:`~ooc.buffer.PartitionBuffer`.
 
         Every rank calls this at the same point (it runs one all-gather and one barrier)."""
         from ooc.buffer import PartitionBuffer
-        from ooc.shm import SharedFollowerBuffer, SharedOwnerBuffer, SharedSegment, SlotTable
+        from ooc.data.shared import SharedFollowerBuffer, SharedOwnerBuffer, SharedSegment, SlotTable
         share = self.shared_buffer and self.local_world_size > 1
         offsets = np.asarray(offsets, dtype=np.int64)
         slot_rows = int(np.diff(offsets).max())
@@ -445,9 +445,9 @@ class DistContext:
     def host_memory(self) -> dict:
         """Host memory of every rank now (one all-gather), for the epoch record:
         ``host_memory`` = per rank ``{rank, node, rss, rss_anon, rss_shmem, pss}`` (bytes, see
-        :func:`ooc.shm.memory_of`) and ``host_memory_bytes`` = the sum of ``pss``, which counts a
+        :func:`ooc.data.shared.memory_of`) and ``host_memory_bytes`` = the sum of ``pss``, which counts a
         shared buffer page once however many ranks map it."""
-        from ooc.shm import memory_of
+        from ooc.data.shared import memory_of
         mine = dict(memory_of(), rank=self.rank, node=self.node_rank)
         allm = self.all_gather_object(mine)
         return {"host_memory": allm, "host_memory_bytes": int(sum(m["pss"] for m in allm))}

@@ -8,10 +8,10 @@ Modes (``--mode``):
 
 - ``exact`` -- full-graph neighbour sampling, batches a uniform shuffle of the training nodes (what
   an in-memory trainer does).  Feature rows come from resident partitions when everything fits,
-  otherwise from a CPU feature cache (SIEVE/CLOCK/LRU, :mod:`ooc.cache`) in front of batched disk
-  reads (:class:`~ooc.io.DiskRows`).  Memory never changes results: the same seed gives the
+  otherwise from a CPU feature cache (SIEVE/CLOCK/LRU, :mod:`ooc.features.cache`) in front of batched disk
+  reads (:class:`~ooc.storage.io.DiskRows`).  Memory never changes results: the same seed gives the
   identical loss sequence for any budget (Ginex / GraphBolt style).
-- ``buffer`` -- MariusGNN style: an ordering policy (:mod:`ooc.ordering`) makes ``c`` partitions
+- ``buffer`` -- MariusGNN style: an ordering policy (:mod:`ooc.data.ordering`) makes ``c`` partitions
   resident at a time; every training node is trained once per epoch in a state that holds its
   partition, and neighbours are sampled from the resident partitions only (the in-buffer subgraph,
   whose degrees GCN uses).  Only sequential partition loads, no random reads.
@@ -37,20 +37,21 @@ import numpy as np
 import torch
 from numba import njit
 
-from ooc.budget import RssMonitor, format_bytes, parse_bytes, release_free_memory
+from ooc.data.budget import RssMonitor, release_free_memory
+from ooc.util.sizes import format_bytes, parse_bytes
 from ooc.buffer import BufferStats, PartitionBuffer, contiguous_partitions
-from ooc.cache import POLICIES, CachedFeature, cpu_cached_feature
-from ooc.io import ALIGN, DiskRows, NeighborReader, aligned_empty
+from ooc.features.cache import POLICIES, CachedFeature, cpu_cached_feature
+from ooc.storage.io import ALIGN, DiskRows, NeighborReader, aligned_empty
 from ooc.kernels.disk_sampling import sample_blocks_lists
 from ooc.kernels.rng import batch_key
 from ooc.kernels.sampling import sample_blocks, workspace_bytes
 from ooc.loader import Batch, prefetched
 from ooc.models import to_torch_blocks
-from ooc.ordering import ORDERINGS, count_swaps, node_states, node_swap_lower_bound
+from ooc.data.ordering import ORDERINGS, count_swaps, node_states, node_swap_lower_bound
 from ooc.storage.dataset import Dataset
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ooc.pq import CompressedRows
+    from ooc.features.pq import CompressedRows
 
 __all__ = ["MODES", "warm_up_runtime", "BudgetPlan", "plan_budget", "BufferManager", "EngineStats", "EnginePlan",
            "EngineLoader", "DataPath", "build_data_path", "validate_engine_options"]
@@ -171,7 +172,7 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                 ordering: str, eval_batch_size: int = 0,
                 eval_fanouts: list[int] | None = None, compressed: int = 0) -> BudgetPlan:
     """Split ``budget`` between topology, node arrays, staging, sampler scratch, compressed rows
-    (``compressed`` bytes of PQ codes, see :mod:`ooc.pq`), partition slots and the cache.
+    (``compressed`` bytes of PQ codes, see :mod:`ooc.features.pq`), partition slots and the cache.
 
     Raises:
         ValueError: the budget cannot hold the fixed parts plus the minimum the mode needs (one
@@ -313,7 +314,7 @@ class BufferManager(PartitionBuffer):
     The eviction / prefetch logic is :class:`~ooc.buffer.PartitionBuffer`'s (Belady on the known
     schedule, loads on I/O threads while the current partitions train); this class owns the memory
     (``capacity`` slots of ``slot_alloc`` bytes, 4 KiB aligned, rows starting ``shift[slot]`` bytes
-    in so that O_DIRECT reads land in place), reads through :class:`~ooc.io.DiskRows`, optionally
+    in so that O_DIRECT reads land in place), reads through :class:`~ooc.storage.io.DiskRows`, optionally
     loads each partition's in-edges with it, and sends rows of non-resident partitions to
     ``fallback`` (a cache or the disk reader).
 
@@ -415,7 +416,7 @@ class BufferManager(PartitionBuffer):
     def gather(self, ids: np.ndarray, approx: CompressedRows | None = None,
                approx_from: int = 0) -> np.ndarray:
         """Rows ``features[ids]``: resident partitions first, the rest from ``fallback``; with
-        ``approx`` (a :class:`~ooc.pq.CompressedRows`), missing rows at positions ``>=
+        ``approx`` (a :class:`~ooc.features.pq.CompressedRows`), missing rows at positions ``>=
         approx_from`` are decoded from it instead (counted in ``approx_rows``, no read)."""
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         n = ids.shape[0]
@@ -850,7 +851,7 @@ def warm_up_runtime(model: str = "sage", num_layers: int = 2) -> RssMonitor:
     modules, thread pools), Numba's compiled code -- which exists before any data does; the memory
     budget covers everything allocated after it.
     """
-    from ooc.budget import tune_allocator
+    from ooc.data.budget import tune_allocator
     from ooc.models import build_model
     tune_allocator()
     ip, ix = np.array([0, 1, 2, 2], dtype=np.int64), np.array([1, 0], dtype=np.int32)
@@ -892,7 +893,7 @@ class DataPath:
 
     Attributes:
         loader: the :class:`EngineLoader` (``make_batch`` for evaluation).
-        buffer: the :class:`BufferManager`; cache: the :class:`~ooc.cache.CachedFeature` or None.
+        buffer: the :class:`BufferManager`; cache: the :class:`~ooc.features.cache.CachedFeature` or None.
         budget: the :class:`BudgetPlan`.
     """
 
@@ -1038,7 +1039,7 @@ def build_data_path(cfg, ds: Dataset, rss: RssMonitor | None = None) -> DataPath
     cache_size = parse_bytes(cfg.cache_size) if cfg.cache_size else None
     approx = None
     if getattr(cfg, "miss_features", "disk") == "pq":
-        from ooc.pq import open_compressed, pq_bytes
+        from ooc.features.pq import open_compressed, pq_bytes
         pq_need = pq_bytes(ds)
         if not pq_need:
             open_compressed(ds)  # raises the "run ooc compress" error

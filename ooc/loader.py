@@ -101,7 +101,7 @@ class Batch:
         blocks: MFGs, input layer first; x: [num_input, D], float32 or the storage's float dtype
             (the engine keeps float16 rows until use; consumers call ``.float()``); y: int64 [B];
         num_edges: sampled edges; sample_s / gather_s: producer time spent sampling / gathering.
-        x_cache: with a device feature cache, a :class:`~ooc.device_cache.CacheSplit` and ``x``
+        x_cache: with a device feature cache, a :class:`~ooc.features.device.CacheSplit` and ``x``
             holds only the rows not in the cache (``x_cache.assemble(x, device)`` gives all rows).
         loss_weight: optional float32 [B] per-seed loss weights (GraphSAINT normalisation; the loss
             is then ``sum(weight * per-seed loss)``); ``None`` = mean loss.
@@ -196,7 +196,7 @@ class BatchLoader:
         seed: run seed; replace: sample with replacement.
         prefetch: batches built ahead (0 = build synchronously in the caller's thread).
         feat_norm: ``row`` divides each feature row by its sum (Kipf & Welling's preprocessing).
-        sampler: a :class:`ooc.samplers.Sampler` for training batches (default: node-wise uniform
+        sampler: a :class:`ooc.sampling.samplers.Sampler` for training batches (default: node-wise uniform
             with ``fanouts``); evaluation batches (explicit ``fanouts``) always use all neighbours.
     """
 
@@ -216,7 +216,7 @@ class BatchLoader:
         self.feat_norm = feat_norm
         self.sampler = sampler
         self.stall_s = 0.0
-        self.device_cache: Any = None  # ooc.device_cache.DeviceFeatureCache, attached after build
+        self.device_cache: Any = None  # ooc.features.device.DeviceFeatureCache, attached after build
 
     def features(self, ids: np.ndarray) -> torch.Tensor:
         """float32 [len(ids), D] input features of ``ids`` through the buffer (normalised as

@@ -47,9 +47,9 @@ from torch import nn
 from tqdm import tqdm
 
 from ooc.buffer import PartitionBuffer, contiguous_partitions
-from ooc.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from ooc.training.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from ooc.config import TrainConfig, evaluation_fanouts
-from ooc.device_cache import build_device_cache
+from ooc.features.device import build_device_cache
 from ooc.loader import Batch, BatchLoader, EpochPlan, plan_epoch
 from ooc.models import GNN, build_model
 from ooc.storage.dataset import Dataset
@@ -347,7 +347,7 @@ class NodeTask:
         if not self._engine:
             self.part_of_train = self.data.buffer.part_of(train_ids)
             if cfg.sampler != "neighbor":  # issue 4 samplers (training batches only)
-                from ooc.samplers import make_sampler
+                from ooc.sampling.samplers import make_sampler
                 d = self.data
                 d.loader.sampler = make_sampler(
                     cfg.sampler, d.indptr, d.indices, cfg.fanouts, train_ids=train_ids,
@@ -403,7 +403,7 @@ class NodeTask:
 
     def evaluate(self, model: GNN, device: torch.device) -> dict:
         if self.cfg.eval_mode == "layerwise":
-            from ooc.inference import IN_MEMORY_LIMIT, evaluate_node_layerwise
+            from ooc.training.inference import IN_MEMORY_LIMIT, evaluate_node_layerwise
             big = self.ds.num_nodes * max(model.dims[1:]) * 4 > IN_MEMORY_LIMIT
             return evaluate_node_layerwise(model, self, device,
                                            Path(self.cfg.output_dir) / "inference" if big else None)

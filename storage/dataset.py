@@ -29,6 +29,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from ooc.util.files import fsync_dir, fsync_tree
+from ooc.util.procs import pid_alive
 from ooc.storage.catalog import FORMAT_VERSION, Catalog
 from ooc.storage.rawarray import RawArray, RawArrayWriter, write_array, write_group_metadata
 
@@ -65,14 +67,6 @@ def sha256_file(path: str | os.PathLike, block: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _remove_stale_partials(out: Path) -> None:
@@ -81,7 +75,7 @@ def _remove_stale_partials(out: Path) -> None:
             pid = int(p.name.rsplit(".partial-", 1)[1].split("-")[0])
         except (ValueError, IndexError):
             continue
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             shutil.rmtree(p, ignore_errors=True)
 
 
@@ -197,7 +191,7 @@ class DatasetWriter:
             cat.sync()
         finally:
             cat.close()
-        _fsync_tree(self.tmp)
+        fsync_tree(self.tmp)
         _fault_point("before-rename")
         if self.out.exists():
             trash = self.out.parent / f".{self.out.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
@@ -206,7 +200,7 @@ class DatasetWriter:
             shutil.rmtree(trash, ignore_errors=True)
         else:
             os.rename(self.tmp, self.out)
-        _fsync_dir(self.out.parent)
+        fsync_dir(self.out.parent)
         self._done = True
         return self.out
 
@@ -283,7 +277,7 @@ class ArrayGroupWriter:
     def commit(self, **manifest: Any) -> None:
         """Put the group in place and record it with the ``manifest`` fields (see the class
         docstring for the order; fields of the same names are dropped with the old group)."""
-        _fsync_tree(self.tmp)
+        fsync_tree(self.tmp)
         cat = Catalog(self.path / "catalog.lmdb", readonly=False)
         try:
             man = {k: v for k, v in self.ds.manifest.items() if k not in manifest}
@@ -298,7 +292,7 @@ class ArrayGroupWriter:
                 shutil.rmtree(trash, ignore_errors=True)
             _fault_point("group-before-rename")
             os.rename(self.tmp, self.final)
-            _fsync_dir(self.final.parent)
+            fsync_dir(self.final.parent)
             for k, rec in self.records.items():
                 arrays[k] = {kk: rec[kk] for kk in ("shape", "dtype", "chunk_rows")}
             man.update(manifest)
@@ -341,23 +335,8 @@ def _fault_point(name: str) -> None:
     time.sleep(float(parts[1]))
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _dirs, files in os.walk(root):
-        for f in files:
-            fd = os.open(os.path.join(dirpath, f), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(dirpath))
 
 
 def _tool_version() -> str:

@@ -48,7 +48,7 @@ def citeseer_raw() -> Path:
 
 @pytest.fixture(scope="session")
 def cora_dataset(tmp_path_factory: pytest.TempPathFactory, cora_raw: Path) -> Path:
-    from ooc.tools.convert import convert_planetoid
+    from ooc.ingest.convert import convert_planetoid
     out = tmp_path_factory.mktemp("cora") / "cora"
     return convert_planetoid(cora_raw, "cora", out)
 
@@ -58,7 +58,7 @@ def planted_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small planted-partition dataset (3,000 nodes, 8 partitions stored)."""
     from ooc.buffer import contiguous_partitions
     from ooc.kernels.generators import planted_partition
-    from ooc.tools.convert import write_graph_dataset
+    from ooc.ingest.convert import write_graph_dataset
     g = planted_partition(3000, num_classes=4, avg_degree=8, feat_dim=16, noise=2.0, seed=1,
                           train_frac=0.3)
     out = tmp_path_factory.mktemp("planted") / "planted"
@@ -70,7 +70,7 @@ def planted_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def small_dataset(path: Path, num_nodes: int, src: list[int], dst: list[int], feat_dim: int = 3,
                   **kw: object) -> Path:
     """Write a tiny dataset with features ``x[v] = v`` (all columns) and labels ``v % 2``."""
-    from ooc.tools.convert import write_graph_dataset
+    from ooc.ingest.convert import write_graph_dataset
     x = np.repeat(np.arange(num_nodes, dtype=np.float32)[:, None], feat_dim, axis=1)
     labels = (np.arange(num_nodes) % 2).astype(np.int32)
     return write_graph_dataset(path, num_nodes, np.array(src, dtype=np.int64),

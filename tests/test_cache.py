@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ooc.cache import POLICIES, CachedFeature, cpu_cached_feature
-from ooc.io import DiskRows
+from ooc.features.cache import POLICIES, CachedFeature, cpu_cached_feature
+from ooc.storage.io import DiskRows
 from ooc.storage.rawarray import RawArray, write_array
 
 

@@ -14,7 +14,7 @@ from conftest import start_paused
 
 from ooc.storage.dataset import Dataset
 from ooc.tools.cli import main
-from ooc.tools.planetoid import PlanetoidError, restricted_load
+from ooc.ingest.planetoid import PlanetoidError, restricted_load
 
 
 def test_cora_counts_and_splits(cora_dataset: Path) -> None:

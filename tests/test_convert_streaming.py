@@ -16,8 +16,8 @@ from conftest import start_paused
 import ooc.kernels.graph as kg
 from ooc.storage.dataset import Dataset
 from ooc.tools.cli import main
-from ooc.tools.convert import GraphOptions, NodeInputs, convert_edgelist, convert_numpy
-from ooc.tools.streaming import (ArrayEdgeSource, ArraySink, UniqueIdCollector, build_csc_streaming,
+from ooc.ingest.convert import GraphOptions, NodeInputs, convert_edgelist, convert_numpy
+from ooc.ingest.streaming import (ArrayEdgeSource, ArraySink, UniqueIdCollector, build_csc_streaming,
                                  coo_to_csr)
 
 SNAP = "# Directed graph\n# Nodes: 4 Edges: 3\n# FromNodeId\tToNodeId\n0\t1\n\n1 2  \n  2\t3\n\n"
@@ -64,7 +64,7 @@ def test_ring_any_chunk_size(tmp_path: Path, chunk: int, tight: bool) -> None:
 
 @pytest.mark.parametrize("layout", ["2xE", "Ex2"])
 def test_edge_array_parts(tmp_path: Path, layout: str) -> None:
-    from ooc.tools.readers import NumpyEdges
+    from ooc.ingest.readers import NumpyEdges
     pairs = np.array([(0, 1), (1, 0), (0, 1), (1, 2), (2, 0)], dtype=np.int64)
     arr = np.lib.format.open_memmap(tmp_path / "e.npy", mode="w+", dtype=np.int64,
                                     shape=(2, 5) if layout == "2xE" else (5, 2))
@@ -404,8 +404,8 @@ _REMAP_CHILD = textwrap.dedent("""
     import resource, sys
     from pathlib import Path
     import numpy as np
-    from ooc.tools.readers import NumpyEdges
-    from ooc.tools.streaming import spool_with_id_map
+    from ooc.ingest.readers import NumpyEdges
+    from ooc.ingest.streaming import spool_with_id_map
     import ooc.kernels.graph  # compile/load kernels before the baseline
     def rss():
         return int(open("/proc/self/statm").read().split()[1]) * 4096
@@ -438,7 +438,7 @@ def test_remap_10m_random_64bit_ids_bounded_memory(tmp_path: Path) -> None:
 
 
 def test_prefetched_order_and_errors() -> None:
-    from ooc.tools.streaming import prefetched
+    from ooc.ingest.streaming import prefetched
     assert list(prefetched(iter(range(10)), depth=2)) == list(range(10))
 
     def boom():

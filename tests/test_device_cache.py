@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ooc.config import TrainConfig
-from ooc.device_cache import (DeviceFeatureCache, access_counts, out_degrees, select_hot_nodes)
+from ooc.features.device import (DeviceFeatureCache, access_counts, out_degrees, select_hot_nodes)
 from ooc.storage.dataset import Dataset
 from ooc.train import NodeTask, _to_device, train
 
@@ -64,7 +64,7 @@ def test_training_with_cache_is_identical(planted_dataset: Path, tmp_path: Path)
     """Same losses and scores with or without the cache, for both policies; the pre-sampled cache
     (GNNLab) is optimal for epoch 0, so its hit ratio there is at least the degree cache's."""
     base = train(_cfg(planted_dataset, tmp_path / "none"))
-    runs = {p: train(_cfg(planted_dataset, tmp_path / p, device_cache="40KB", device_cache_policy=p))
+    runs = {p: train(_cfg(planted_dataset, tmp_path / p, device_cache="40KiB", device_cache_policy=p))
             for p in ("degree", "presample")}
     for p, m in runs.items():
         assert m["losses"] == base["losses"], p

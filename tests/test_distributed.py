@@ -25,7 +25,7 @@ import torch
 from ooc.config import TrainConfig
 from ooc.distributed import LaunchSpec, free_port, launch, parse_devices, shard_plan
 from ooc.loader import plan_epoch
-from ooc.tools.convert import write_graph_dataset
+from ooc.ingest.convert import write_graph_dataset
 from ooc.train import train
 
 JOB_TIMEOUT = 420  # seconds for a whole multi-process job on a loaded 2-core machine
@@ -219,7 +219,7 @@ def test_two_machines_each_with_its_own_dataset_copy(planted_dataset: Path, tmp_
     port = free_port()
     procs = [_cli(_base(copies[m], tmp_path / f"machine{m}" / "run", batch_size=64, devices=1,
                         nnodes=2, node_rank=m, master_addr="127.0.0.1", master_port=port,
-                        device_cache="24KB"),
+                        device_cache="24KiB"),
                   JOB_TIMEOUT) for m in range(2)]
     try:
         results = [_finish(p, JOB_TIMEOUT) for p in procs]

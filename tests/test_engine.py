@@ -13,12 +13,12 @@ import pytest
 
 from ooc.config import TrainConfig
 from ooc.engine import build_data_path, plan_exact, plan_states
-from ooc.io import DiskRows, NeighborReader
+from ooc.storage.io import DiskRows, NeighborReader
 from ooc.kernels.disk_sampling import sample_blocks_lists
 from ooc.kernels.graph import build_csc
 from ooc.kernels.rng import batch_key
 from ooc.kernels.sampling import sample_blocks
-from ooc.ordering import (assign_buckets, beta_states, bucket_swap_lower_bound, comet_states,
+from ooc.data.ordering import (assign_buckets, beta_states, bucket_swap_lower_bound, comet_states,
                           count_swaps, node_swap_lower_bound, sequential_states)
 from ooc.partition import partition_dataset
 from ooc.storage.dataset import Dataset
@@ -226,7 +226,7 @@ def test_state_plan_with_everything_resident_is_the_exact_plan() -> None:
 @pytest.fixture(scope="module")
 def metis_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from ooc.kernels.generators import planted_partition
-    from ooc.tools.convert import write_graph_dataset
+    from ooc.ingest.convert import write_graph_dataset
     g = planted_partition(3000, num_classes=4, avg_degree=8, feat_dim=16, noise=2.0, seed=1,
                           train_frac=0.3)
     out = tmp_path_factory.mktemp("metis") / "planted"
@@ -323,7 +323,7 @@ def big_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """400k nodes x 128 float16 features (102 MB) + 4 M edges: more than 3x a 36 MiB budget."""
     from ooc.buffer import contiguous_partitions
     from ooc.kernels.generators import planted_partition
-    from ooc.tools.convert import write_graph_dataset
+    from ooc.ingest.convert import write_graph_dataset
     g = planted_partition(400_000, num_classes=4, avg_degree=10, feat_dim=128, noise=2.0, seed=1,
                           train_frac=0.01, valid_frac=0.002, test_frac=0.002)
     out = tmp_path_factory.mktemp("big") / "big"
@@ -394,7 +394,7 @@ def test_batches_keep_the_storage_dtype_until_use(tmp_path: Path) -> None:
     """Engine batches hold float16 rows as stored (half the bytes of float32 while queued);
     ``_to_device`` gives the float32 rows the model trains on."""
     from ooc.kernels.generators import planted_partition
-    from ooc.tools.convert import write_graph_dataset
+    from ooc.ingest.convert import write_graph_dataset
     import torch
 
     from ooc.train import _to_device

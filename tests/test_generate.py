@@ -10,7 +10,7 @@ import pytest
 from ooc.kernels.rmat import scramble
 from ooc.storage.dataset import Dataset
 from ooc.tools.cli import main
-from ooc.tools.generate import RmatSource, generate_rmat
+from ooc.ingest.generate import RmatSource, generate_rmat
 
 
 def test_rmat_deterministic_for_any_chunking() -> None:

@@ -12,7 +12,7 @@ import torch
 import zarr
 
 from ooc.config import TrainConfig
-from ooc.inference import layerwise_inference, predict_run
+from ooc.training.inference import layerwise_inference, predict_run
 from ooc.models import MODELS
 from ooc.storage.dataset import Dataset, DatasetWriter
 from ooc.tools.cli import main

@@ -1,4 +1,4 @@
-"""Disk reads of the out-of-core engine (ooc.io): request planning with exact answers, rows read back."""
+"""Disk reads of the out-of-core engine (ooc.storage.io): request planning with exact answers, rows read back."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ooc.io import ALIGN, DiskRows, aligned_empty, plan_runs
+from ooc.storage.io import ALIGN, DiskRows, aligned_empty, plan_runs
 from ooc.storage.rawarray import RawArray, write_array
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from ooc.checkpoint import load_checkpoint
+from ooc.training.checkpoint import load_checkpoint
 from ooc.config import TrainConfig
 from ooc.kernels.graph import build_csc
 from ooc.linkpred import LinkDecoder, LinkTask, link_split, ranking_metrics, training_graph, undirected_pairs

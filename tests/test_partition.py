@@ -128,7 +128,7 @@ def test_stream_partitioner_reads_topology_from_disk(tmp_path: Path) -> None:
 
 def test_partition_twice_keeps_original_ids(tmp_path: Path) -> None:
     from ooc.kernels.generators import planted_partition
-    from ooc.tools.convert import write_graph_dataset
+    from ooc.ingest.convert import write_graph_dataset
     g = planted_partition(600, num_classes=3, avg_degree=6, feat_dim=4, seed=5)
     p = write_graph_dataset(tmp_path / "g", 600, g.src, g.dst, g.features, g.labels,
                             {"train": g.train, "valid": g.valid, "test": g.test}, 3, "g")
@@ -195,7 +195,7 @@ def test_permute_rows_spooled_equals_group_scans(tmp_path: Path, dtype: type, sh
 def test_budget_charges_node_arrays_and_refuses_before_writing(tmp_path: Path) -> None:
     """The rewrite's node-sized arrays (~36 B/node: 60,000 nodes -> ~2.2 MB) count against
     ``--memory-budget``: 1 MB is refused with the sizes named and nothing written; 16 MB works."""
-    from ooc.tools.convert import write_graph_dataset
+    from ooc.ingest.convert import write_graph_dataset
     n = 60_000
     rng = np.random.default_rng(0)
     src, dst = rng.integers(0, n, 200_000), rng.integers(0, n, 200_000)
@@ -224,7 +224,7 @@ def test_rewrite_allocations_stay_within_budget(tmp_path: Path, budget_mib: int,
     at most the budget + 1 MiB of small objects.  Before the fix the topology group's buffers
     outlived their loop and the commit's checks ran beside the rewrite's index arrays: 53 MiB."""
     import tracemalloc
-    from ooc.tools.convert import write_graph_dataset
+    from ooc.ingest.convert import write_graph_dataset
     n, m = 300_000, 3_000_000
     rng = np.random.default_rng(0)
     p = write_graph_dataset(tmp_path / "g", n, rng.integers(0, n, m), rng.integers(0, n, m),

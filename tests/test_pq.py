@@ -17,8 +17,8 @@ from ooc.engine import build_data_path, plan_budget
 from ooc.kernels.pq import kmeans_subspace, subspace_bounds
 from ooc.kernels.rng import batch_key
 from ooc.partition import partition_dataset
-from ooc.pq import (PQ_GROUP, CompressedRows, compress_dataset, encode_rows, open_compressed,
-                    pq_bytes, train_codebooks)
+from ooc.compress import PQ_GROUP, compress_dataset, encode_rows, train_codebooks
+from ooc.features.pq import CompressedRows, open_compressed, pq_bytes
 from ooc.storage.dataset import Dataset, DatasetError
 from ooc.tools.cli import main
 
@@ -279,7 +279,7 @@ def test_bench_modes_accept_hybrid_pq() -> None:
 def test_compress_refuses_before_any_work(planted_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Existing codes without --overwrite, too small a sample, no iterations, K > 256: refused
     before the codebooks are learnt (the check used to come after them)."""
-    import ooc.pq as pqmod
+    import ooc.compress as pqmod
     compress_dataset(planted_copy, 4, centroids=16, sample_rows=1000, iters=2, progress=False)
 
     def boom(*a: object, **k: object) -> None:
@@ -297,7 +297,7 @@ def test_compress_refuses_before_any_work(planted_copy: Path, monkeypatch: pytes
 
 
 def test_compress_refuses_features_beyond_float32_distances(tmp_path: Path) -> None:
-    from ooc.tools.convert import write_graph_dataset
+    from ooc.ingest.convert import write_graph_dataset
     x = np.ones((300, 4), np.float32)
     x[123, 2] = 1e30
     p = write_graph_dataset(tmp_path / "big", 300, np.arange(299), np.arange(1, 300), x,

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ooc.report import load_runs, make_report, summary_table
+from ooc.training.report import load_runs, make_report, summary_table
 from ooc.tools.cli import main
 
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import start_paused
 import torch
 
-from ooc.checkpoint import load_checkpoint
+from ooc.training.checkpoint import load_checkpoint
 from ooc.config import TrainConfig
 from ooc.tools.cli import main
 from ooc.train import Interrupted, train

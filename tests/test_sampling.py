@@ -123,7 +123,7 @@ def weighted_star() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 @pytest.mark.parametrize("fanout", [-1, 10])
 def test_weighted_exact_sets(fanout: int) -> None:
-    from ooc.samplers import NeighborSampler
+    from ooc.sampling.samplers import NeighborSampler
     ip, ix, w = weighted_star()
     s = NeighborSampler(ip, ix, [fanout], weights=w)
     for i in range(50):
@@ -136,7 +136,7 @@ def test_weighted_exact_sets(fanout: int) -> None:
 
 
 def test_weighted_frequencies_follow_probabilities() -> None:
-    from ooc.samplers import NeighborSampler
+    from ooc.sampling.samplers import NeighborSampler
     ip, ix = star(3)
     w = np.array([1.0, 2.0, 7.0])
     for replace in (True, False):
@@ -149,7 +149,7 @@ def test_weighted_frequencies_follow_probabilities() -> None:
 
 
 def test_fanout_minus_one_means_all_in_every_sampler() -> None:
-    from ooc.samplers import LadiesSampler, LaborSampler, NeighborSampler
+    from ooc.sampling.samplers import LadiesSampler, LaborSampler, NeighborSampler
     ip, ix = star(6)
     for s in (NeighborSampler(ip, ix, [-1]), LaborSampler(ip, ix, [-1]), LadiesSampler(ip, ix, [-1])):
         mb = s.sample(np.array([0]), key=3)
@@ -157,7 +157,7 @@ def test_fanout_minus_one_means_all_in_every_sampler() -> None:
 
 
 def test_out_neighbours_on_request() -> None:
-    from ooc.samplers import NeighborSampler
+    from ooc.sampling.samplers import NeighborSampler
     # 0 -> 1, 0 -> 2, 3 -> 0: out-neighbours of 0 are {1, 2}, in-neighbours {3}
     ip, ix = build_csc(np.array([0, 0, 3]), np.array([1, 2, 0]), 4)
     w = np.zeros(3)
@@ -176,7 +176,7 @@ def test_star_reproducibility_threads_and_workers() -> None:
     """Seed 42 twice -> identical; 20 calls without re-seeding -> different, >= 50 neighbours."""
     import numba
     from concurrent.futures import ThreadPoolExecutor
-    from ooc.samplers import NeighborSampler
+    from ooc.sampling.samplers import NeighborSampler
     ip, ix = star(100)
     s = NeighborSampler(ip, ix, [5])
     s.seed(42)
@@ -248,7 +248,7 @@ def test_property_invariants(n, m, seed, fanouts, replace, labor, nseeds) -> Non
 
 
 def test_labor_expected_fanout_and_fewer_nodes() -> None:
-    from ooc.samplers import LaborSampler, NeighborSampler
+    from ooc.sampling.samplers import LaborSampler, NeighborSampler
     rng = np.random.default_rng(5)
     n = 4000
     src, dst = rng.integers(0, n, 80_000), rng.integers(0, n, 80_000)
@@ -272,7 +272,7 @@ def test_labor_expected_fanout_and_fewer_nodes() -> None:
 
 
 def test_ladies_layer_size_and_unbiased_weights() -> None:
-    from ooc.samplers import LadiesSampler
+    from ooc.sampling.samplers import LadiesSampler
     rng = np.random.default_rng(2)
     n = 300
     src, dst = rng.integers(0, n, 3000), rng.integers(0, n, 3000)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ooc.loader import plan_epoch
-from ooc.shm import (PeerError, SharedFollowerBuffer, SharedOwnerBuffer, SharedSegment, SlotTable,
+from ooc.data.shared import (PeerError, SharedFollowerBuffer, SharedOwnerBuffer, SharedSegment, SlotTable,
                      memory_of)
 from ooc.storage.dataset import Dataset
 

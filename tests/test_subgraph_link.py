@@ -29,7 +29,7 @@ def _induced(edges: set, nodes: np.ndarray, dst_nodes: np.ndarray) -> set:
 
 
 def test_cluster_gcn_induced_edges_exact() -> None:
-    from ooc.samplers import ClusterGCNSampler
+    from ooc.sampling.samplers import ClusterGCNSampler
     ip, ix, edges = _graph(200, 600, 0)
     s = ClusterGCNSampler(ip, ix, num_layers=2, num_clusters=10, clusters_per_batch=2)
     sizes = np.bincount(s.cluster_of)
@@ -50,7 +50,7 @@ def test_cluster_gcn_induced_edges_exact() -> None:
 
 
 def test_saint_induced_edges_and_unbiased_aggregation() -> None:
-    from ooc.samplers import SaintRWSampler
+    from ooc.sampling.samplers import SaintRWSampler
     ip, ix, edges = _graph(40, 70, 1)
     train = np.arange(40)
     s = SaintRWSampler(ip, ix, num_layers=1, train_ids=train, walk_length=2, batch_size=4,
@@ -83,7 +83,7 @@ def test_saint_induced_edges_and_unbiased_aggregation() -> None:
 
 
 def test_link_prediction_excludes_seed_edges_on_path() -> None:
-    from ooc.samplers import LinkSampler, NeighborSampler
+    from ooc.sampling.samplers import LinkSampler, NeighborSampler
     n = 6
     s = np.arange(5)
     src, dst = np.concatenate([s, s + 1]), np.concatenate([s + 1, s])  # path 0-1-2-3-4-5
@@ -116,7 +116,7 @@ def test_link_prediction_excludes_seed_edges_on_path() -> None:
 
 
 def test_degree_negatives_prefer_hubs() -> None:
-    from ooc.samplers import LinkSampler, NeighborSampler
+    from ooc.sampling.samplers import LinkSampler, NeighborSampler
     # star: hub 0 <-> 1..50, plus a chain among 51..99
     leaves = np.arange(1, 51)
     chain = np.arange(51, 99)

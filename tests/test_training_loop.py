@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from ooc.checkpoint import load_checkpoint
+from ooc.training.checkpoint import load_checkpoint
 from ooc.config import ConfigError, TrainConfig
 from ooc.models import MODELS, TorchBlock, build_model
 from ooc.tools.cli import main
@@ -94,7 +94,7 @@ def test_cli_config_file_flags_and_set(planted_dataset: Path, tmp_path: Path,
 # ---------------------------------------------------------------- label leakage
 def test_poisoned_validation_and_test_labels_leave_training_unchanged(tmp_path: Path) -> None:
     from ooc.kernels.generators import planted_partition
-    from ooc.tools.convert import write_graph_dataset
+    from ooc.ingest.convert import write_graph_dataset
     g = planted_partition(1500, num_classes=4, avg_degree=8, feat_dim=16, noise=2.0, seed=2,
                           train_frac=0.3)
     poisoned = g.labels.copy()
@@ -187,7 +187,7 @@ def test_lr_schedule_and_logs(planted_dataset: Path, tmp_path: Path) -> None:
 
 def test_multilabel_node_classification(tmp_path: Path) -> None:
     from ooc.kernels.generators import planted_partition
-    from ooc.tools.convert import write_graph_dataset
+    from ooc.ingest.convert import write_graph_dataset
     g = planted_partition(1500, num_classes=4, avg_degree=8, feat_dim=16, noise=1.0, seed=4,
                           train_frac=0.4)
     y = np.zeros((g.num_nodes, 3), dtype=np.int32)  # class 0/1 -> bit 0, class 1/2 -> bit 1, 3 -> bit 2

@@ -99,7 +99,7 @@ def bench_convert(edges: int, nodes: int | None = None, workdir: str | Path = "b
     Returns:
         The result record (command lines, seconds, edges/s, peak RSS, machine, date).
     """
-    from ooc.tools.generate import write_rmat_edge_file
+    from ooc.ingest.generate import write_rmat_edge_file
     n = int(nodes or max(edges // 20, 1))
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)

@@ -121,7 +121,7 @@ def dd_direct_bandwidth(ds_path: Path) -> dict:
 
 def partition_load_bandwidth(ds_path: Path, direct: bool = True, threads: int = 4) -> dict:
     """Load every partition once, in order, as the buffer manager's swaps do (page cache dropped)."""
-    from ooc.io import ALIGN, DiskRows, aligned_empty
+    from ooc.storage.io import ALIGN, DiskRows, aligned_empty
     from ooc.storage.dataset import Dataset
     ds = Dataset(ds_path)
     off = ds.partition_offsets
@@ -197,7 +197,7 @@ def check_modes(modes: list[str]) -> None:
 
 def _ensure_pq(ds_path: Path) -> dict:
     """The dataset's PQ codes (``ooc compress`` defaults), written now if absent (timed)."""
-    from ooc.pq import compress_dataset
+    from ooc.compress import compress_dataset
     from ooc.storage.dataset import Dataset
     ds = Dataset(ds_path)
     info = ds.manifest.get("pq")
@@ -322,8 +322,8 @@ def run_planetoid_table(shared: Path, workdir: Path, names: list[str], seeds: in
     """
     from ooc.config import TrainConfig
     from ooc.partition import partition_dataset
-    from ooc.pq import compress_dataset
-    from ooc.tools.convert import convert_planetoid
+    from ooc.compress import compress_dataset
+    from ooc.ingest.convert import convert_planetoid
     from ooc.train import train
     rows = []
     for name in names:
@@ -395,7 +395,7 @@ def _print_synthetic(res: dict) -> None:
 
 
 def _cmd_bench_ooc(args: argparse.Namespace) -> int:
-    from ooc.budget import parse_bytes
+    from ooc.util.sizes import parse_bytes
     global _DROP
     _DROP = not args.no_drop_caches
     work = Path(args.workdir)

@@ -3,8 +3,8 @@
 One run builds each graph once, writes its CSC and seed batches to ``--workdir`` and times, on the
 same graph, seeds and cores:
 
-- ``ooc``: :class:`ooc.samplers.NeighborSampler` (Numba, ``--threads`` threads);
-- ``torch-ref``: :func:`ooc.reference.torch_neighbor_sample` (vectorised pure PyTorch);
+- ``ooc``: :class:`ooc.sampling.samplers.NeighborSampler` (Numba, ``--threads`` threads);
+- ``torch-ref``: :func:`ooc.sampling.reference.torch_neighbor_sample` (vectorised pure PyTorch);
 - ``dgl``: DGL's ``dgl.dataloading.NeighborSampler.sample_blocks`` (the CPU sampler + ``to_block``),
   given the fanouts reversed (DGL lists them input layer first), so every sampler draws ``fanouts[0]``
   around the seeds and samples the same number of edges;
@@ -96,7 +96,7 @@ def _passes_summary(passes: list[dict], batches: int) -> dict:
 def _time_ooc(indptr: np.ndarray, indices: np.ndarray, batches: np.ndarray, fanouts: list[int],
               repeats: int) -> dict:
     from ooc.kernels.rng import batch_key
-    from ooc.samplers import NeighborSampler
+    from ooc.sampling.samplers import NeighborSampler
     s = NeighborSampler(indptr, indices, fanouts)
     s.sample(batches[0], key=batch_key(0, 99, 0))  # JIT / workspace warm-up
     passes = []
@@ -112,7 +112,7 @@ def _time_ooc(indptr: np.ndarray, indices: np.ndarray, batches: np.ndarray, fano
 def _time_torch(indptr: np.ndarray, indices: np.ndarray, batches: np.ndarray, fanouts: list[int],
                 repeats: int) -> dict:
     import torch
-    from ooc.reference import torch_neighbor_sample
+    from ooc.sampling.reference import torch_neighbor_sample
     ip = torch.from_numpy(indptr)
     ix = torch.from_numpy(indices.astype(np.int64))
     g = torch.Generator().manual_seed(0)

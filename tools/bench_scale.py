@@ -185,7 +185,7 @@ def compare_runs(a: Path, b: Path) -> dict:
     """
     ma = json.loads((a / "metrics.json").read_text())
     mb = json.loads((b / "metrics.json").read_text())
-    code = ("import sys, torch\nfrom ooc.checkpoint import load_checkpoint\n"
+    code = ("import sys, torch\nfrom ooc.training.checkpoint import load_checkpoint\n"
             "w = [load_checkpoint(f)['model'] for f in sys.argv[1:]]\n"
             "print(int(w[0].keys() == w[1].keys() and all(torch.equal(w[0][k], w[1][k]) for k in w[0])))")
     out = subprocess.run([sys.executable, "-c", code, str(a / "checkpoint.pt"), str(b / "checkpoint.pt")],

@@ -40,7 +40,7 @@ def _human(n: float) -> str:
 
 # ---------------------------------------------------------------- convert
 def _cmd_convert_planetoid(args: argparse.Namespace) -> int:
-    from ooc.tools.convert import convert_planetoid
+    from ooc.ingest.convert import convert_planetoid
     path = convert_planetoid(args.raw_dir, args.name, args.out, overwrite=args.overwrite,
                              feat_dtype=args.feat_dtype)
     print(f"wrote {path}")
@@ -48,7 +48,7 @@ def _cmd_convert_planetoid(args: argparse.Namespace) -> int:
 
 
 def _graph_options(args: argparse.Namespace) -> "GraphOptions":
-    from ooc.tools.convert import GraphOptions, parse_node_types
+    from ooc.ingest.convert import GraphOptions, parse_node_types
     return GraphOptions(
         num_nodes=args.num_nodes, ids=args.ids, one_based=args.one_based, undirected=args.undirected,
         self_loops=args.self_loops, dedup=args.dedup, feat_dtype=args.feat_dtype,
@@ -58,7 +58,7 @@ def _graph_options(args: argparse.Namespace) -> "GraphOptions":
 
 
 def _node_inputs(args: argparse.Namespace) -> "NodeInputs":
-    from ooc.tools.convert import NodeInputs
+    from ooc.ingest.convert import NodeInputs
     splits = {}
     for spec in args.split or []:
         name, _, path = spec.partition("=")
@@ -76,7 +76,7 @@ def _col(c: str | None) -> int | str | None:
 
 
 def _cmd_convert_edgelist(args: argparse.Namespace) -> int:
-    from ooc.tools.convert import convert_edgelist
+    from ooc.ingest.convert import convert_edgelist
     header = {"auto": "auto", "yes": True, "no": False}[args.header]
     path = convert_edgelist(args.edges, args.out, _graph_options(args), _node_inputs(args),
                             sep=args.sep, comments=args.comments, header=header,
@@ -88,7 +88,7 @@ def _cmd_convert_edgelist(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert_numpy(args: argparse.Namespace) -> int:
-    from ooc.tools.convert import convert_numpy
+    from ooc.ingest.convert import convert_numpy
     path = convert_numpy(args.edges, args.out, _graph_options(args), _node_inputs(args),
                          layout=args.layout, key=args.key, edge_weights=args.edge_weights,
                          overwrite=args.overwrite)
@@ -97,7 +97,7 @@ def _cmd_convert_numpy(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert_ogb(args: argparse.Namespace) -> int:
-    from ooc.tools.convert import convert_ogb
+    from ooc.ingest.convert import convert_ogb
     path = convert_ogb(args.root, args.out, _graph_options(args), scheme=args.scheme,
                        overwrite=args.overwrite)
     print(f"wrote {path}")
@@ -105,7 +105,7 @@ def _cmd_convert_ogb(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert_geom_gcn(args: argparse.Namespace) -> int:
-    from ooc.tools.convert import convert_geom_gcn
+    from ooc.ingest.convert import convert_geom_gcn
     path = convert_geom_gcn(args.raw_dir, args.out, _graph_options(args), split=args.split_file,
                             feature_format=args.feature_format, feat_dim=args.feat_dim,
                             overwrite=args.overwrite)
@@ -144,7 +144,7 @@ def _add_graph_args(p: argparse.ArgumentParser, node_files: bool = True) -> None
 
 
 def _cmd_generate_rmat(args: argparse.Namespace) -> int:
-    from ooc.tools.generate import generate_rmat
+    from ooc.ingest.generate import generate_rmat
     splits = tuple(float(x) for x in args.splits.split(","))
     if len(splits) != 3:
         raise ValueError(f"--splits takes TRAIN,VALID,TEST fractions, got {args.splits!r}")
@@ -380,7 +380,7 @@ def _cmd_train_distributed(args: argparse.Namespace, cfg: "TrainConfig", spec: o
 
 # ---------------------------------------------------------------- eval / predict
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from ooc.inference import eval_run
+    from ooc.training.inference import eval_run
     res = eval_run(args.run, dataset=args.dataset, weights=args.weights, workdir=args.workdir,
                    progress=not args.no_progress)
     for k in sorted(k for k in res if k.startswith(("val_", "test_"))):
@@ -391,7 +391,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from ooc.inference import predict_run
+    from ooc.training.inference import predict_run
     res = predict_run(args.run, args.out, what=args.what, dataset=args.dataset, weights=args.weights,
                       workdir=args.workdir, progress=not args.no_progress)
     for name, shape in res["arrays"].items():
@@ -401,7 +401,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from ooc.report import make_report
+    from ooc.training.report import make_report
     out = args.out or (str(Path(args.runs[0]) / "report") if len(args.runs) == 1 else "report")
     try:
         table, files = make_report(args.runs, out, plots=not args.no_plots)
@@ -726,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from ooc.config import ConfigError
     from ooc.storage.dataset import DatasetError
-    from ooc.tools.planetoid import PlanetoidError
+    from ooc.ingest.planetoid import PlanetoidError
     try:
         return int(args.func(args) or 0)
     except (DatasetError, PlanetoidError, ConfigError, FileExistsError, FileNotFoundError, ValueError,

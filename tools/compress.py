@@ -1,4 +1,4 @@
-"""``ooc compress``: product-quantisation codes of a dataset's feature rows (see :mod:`ooc.pq`)."""
+"""``ooc compress``: product-quantisation codes of a dataset's feature rows (see :mod:`ooc.compress`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ __all__ = ["add_compress_parser"]
 
 
 def _cmd_compress(args: argparse.Namespace) -> int:
-    from ooc.pq import compress_dataset
+    from ooc.compress import compress_dataset
     info = compress_dataset(args.dataset, args.subspaces, centroids=args.centroids,
                             sample_rows=args.sample_rows, iters=args.iters, seed=args.seed,
                             overwrite=args.overwrite, progress=not args.no_progress)

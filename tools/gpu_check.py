@@ -32,7 +32,7 @@ __all__ = ["main"]
 def _dataset(work: Path, nodes: int, feat_dim: int) -> Path:
     from ooc.buffer import contiguous_partitions
     from ooc.kernels.generators import planted_partition
-    from ooc.tools.convert import write_graph_dataset
+    from ooc.ingest.convert import write_graph_dataset
     path = work / f"planted-{nodes}-{feat_dim}"
     if path.exists():
         return path
@@ -56,7 +56,7 @@ def _probe_pinned(ds: Path, work: Path, device: str, cache_bytes: int) -> dict:
     """Device cache data path on one device: pinned host rows, non-blocking copies, exact rows."""
     import torch
 
-    from ooc.device_cache import DeviceFeatureCache, out_degrees, select_hot_nodes
+    from ooc.features.device import DeviceFeatureCache, out_degrees, select_hot_nodes
     from ooc.storage.dataset import Dataset
     from ooc.train import NodeTask, _to_device
     cfg = _cfg(ds, work / "probe", device)

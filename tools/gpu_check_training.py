@@ -23,9 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from ooc.config import TrainConfig
-    from ooc.inference import eval_run
+    from ooc.training.inference import eval_run
     from ooc.kernels.generators import planted_partition
-    from ooc.tools.convert import write_graph_dataset
+    from ooc.ingest.convert import write_graph_dataset
     from ooc.train import train
 
     p = argparse.ArgumentParser(prog="python -m ooc.tools.gpu_check_training")

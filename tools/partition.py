@@ -8,7 +8,7 @@ __all__ = ["add_partition_parser"]
 
 
 def _cmd_partition(args: argparse.Namespace) -> int:
-    from ooc.budget import format_bytes, parse_bytes
+    from ooc.util.sizes import format_bytes, parse_bytes
     from ooc.partition import partition_dataset
     path, res = partition_dataset(args.dataset, args.parts, args.method, out=args.out, seed=args.seed,
                                   balance_train=not args.no_balance_train, passes=args.passes,

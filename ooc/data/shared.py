@@ -59,6 +59,7 @@ from numba import njit, prange
 
 from ooc.buffer import BufferStats, PartitionBuffer, _as_uint_rows
 from ooc.storage.rawarray import RawArray
+from ooc.util.procs import pid_alive
 
 __all__ = ["SharedSegment", "SlotTable", "SharedOwnerBuffer", "SharedFollowerBuffer", "memory_of",
            "PeerError", "shm_dir"]
@@ -77,16 +78,6 @@ def shm_dir() -> Path:
     return d if d.is_dir() and os.access(d, os.W_OK) else Path(tempfile.gettempdir())
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return True  # not registered yet
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class SharedSegment:
@@ -134,7 +125,7 @@ class SharedSegment:
                 pid = int(p.name.split("-")[-2])
             except ValueError:
                 continue
-            if not _pid_alive(pid):
+            if not pid_alive(pid):
                 try:
                     p.unlink()
                     gone.append(p)
@@ -259,7 +250,7 @@ class SlotTable:
                     raise PeerError(f"shared buffer: another local rank failed while {what}")
                 for r in peers:
                     pid = int(self.pid[r])
-                    if not _pid_alive(pid):
+                    if not pid_alive(pid):
                         raise PeerError(f"shared buffer: local rank {r} (pid {pid}) died while {what}")
                 if time.monotonic() - t0 > timeout_s:
                     raise PeerError(f"shared buffer: no progress from local ranks {peers} for "

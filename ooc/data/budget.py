@@ -1,46 +1,14 @@
-"""Byte sizes, memory budgets and resident-set measurement.
+"""Memory budgets and resident-set measurement.
 
-``parse_bytes("4GB")`` reads sizes the way users type them (decimal and binary units);
 :class:`RssMonitor` reports the current and peak resident set size of this process with psutil and
 ``/proc/self/status`` (``VmHWM``), and can reset the peak between epochs (Linux ``clear_refs``).
 """
 
 from __future__ import annotations
 
-import os
-import re
-
 import psutil
 
-__all__ = ["parse_bytes", "format_bytes", "RssMonitor", "release_free_memory", "tune_allocator"]
-
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_bytes(text: str | int | float) -> int:
-    """``"4GB"`` -> 4_000_000_000, ``"512MiB"`` -> 536_870_912, ``123`` -> 123.
-
-    Raises:
-        ValueError: not a non-negative size with a known unit (B, kB, MB, GB, TB, KiB, MiB, GiB, TiB).
-    """
-    if isinstance(text, (int, float)):
-        if text < 0:
-            raise ValueError(f"size must be >= 0, got {text}")
-        return int(text)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"cannot read size {text!r}: use e.g. 4GB, 512MiB or a byte count")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-def format_bytes(n: float) -> str:
-    """Human-readable binary size, e.g. ``1.5 GiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
+__all__ = ["RssMonitor", "release_free_memory", "tune_allocator"]
 
 
 def _status_field(name: str) -> int | None:
@@ -110,7 +78,3 @@ def release_free_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # pragma: no cover - not glibc
         pass
-
-
-def _cpu_count() -> int:  # pragma: no cover - trivial
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -1,4 +1,6 @@
-"""Compressed feature rows for hybrid training: product-quantisation codes of every node in memory.
+"""``ooc compress``: product-quantisation codes of every node's feature row, written into the dataset.
+
+The codes are read back by :mod:`ooc.features.pq` (the decoding tier of hybrid training).
 
 In hybrid mode most of a batch's rows come from resident partitions; the rest -- neighbours across
 the partition cut, ~15% of sampled edges with METIS -- are single rows scattered over the file, each
@@ -25,11 +27,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ooc.kernels.pq import kmeans_subspace, pq_decode, pq_encode, subspace_bounds
+from ooc.kernels.pq import kmeans_subspace, pq_encode, subspace_bounds
 from ooc.storage.dataset import ArrayGroupWriter, Dataset, DatasetError
 
-__all__ = ["PQ_GROUP", "train_codebooks", "encode_rows", "compress_dataset", "CompressedRows",
-           "open_compressed"]
+__all__ = ["PQ_GROUP", "train_codebooks", "encode_rows", "compress_dataset"]
 
 log = logging.getLogger(__name__)
 
@@ -164,74 +165,3 @@ def compress_dataset(path: str | Path, subspaces: int, centroids: int = 256,
         return info
     finally:
         ds.close()
-
-
-class CompressedRows:
-    """``gather(ids) -> (rows, 0)``: rows decoded from PQ codes in memory (no disk request).
-
-    A drop-in fallback for :class:`~ooc.engine.BufferManager` (the tiers compose like GraphBolt's
-    feature wrappers).  Rows come out in ``dtype`` (the stored feature dtype).
-
-    Args:
-        codes: uint8 ``[N, M]``; centroids: float32 ``[M, K, dmax]``; bounds: int64 ``[M + 1]``;
-        dtype: output dtype; dim: D.
-    """
-
-    def __init__(self, codes: np.ndarray, centroids: np.ndarray, bounds: np.ndarray,
-                 dtype: np.dtype, dim: int) -> None:
-        self.codes = codes
-        self.centroids = np.ascontiguousarray(centroids.astype(dtype))
-        # decoding copies bytes: run it on same-width unsigned words (Numba has no float16)
-        self._word = np.dtype(f"u{self.centroids.dtype.itemsize}")
-        self.bounds = np.ascontiguousarray(bounds, dtype=np.int64)
-        self.dtype = np.dtype(dtype)
-        self.dim = dim
-        self.rows_decoded = 0
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.codes.nbytes + self.centroids.nbytes)
-
-    def gather(self, ids: np.ndarray) -> tuple[np.ndarray, int]:
-        """Approximate rows of ``ids`` (int64 ``[n]``): ``([n, D] dtype, 0 bytes read)``."""
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        out = np.empty((ids.shape[0], self.dim), dtype=self.dtype)
-        pq_decode(self.codes, ids, self.centroids.view(self._word), self.bounds, out.view(self._word))
-        self.rows_decoded += int(ids.shape[0])
-        return out, 0
-
-
-def pq_bytes(ds: Dataset) -> int:
-    """Memory of the dataset's PQ codes and centroids (0 without codes)."""
-    arrays = ds.manifest["arrays"]
-    total = 0
-    for name in ("codes", "centroids"):
-        rec = arrays.get(f"{PQ_GROUP}/{name}")
-        if rec is None:
-            return 0
-        total += int(np.prod(rec["shape"])) * np.dtype(rec["dtype"]).itemsize
-    return total
-
-
-def open_compressed(ds: Dataset) -> CompressedRows:
-    """Load the dataset's PQ codes into memory.
-
-    Raises:
-        DatasetError: the dataset has no codes (run ``ooc compress`` first), or they do not match
-            its features or the codebook (a code >= K).
-    """
-    if not ds.has("features"):
-        raise DatasetError(f"{ds.path}: dataset has no features (nothing to decode)")
-    if not ds.has(f"{PQ_GROUP}/codes"):
-        raise DatasetError(f"{ds.path}: no PQ codes (run `ooc compress {ds.path} --subspaces M` "
-                           "first, or train with --miss-features disk)")
-    codes = ds.raw(f"{PQ_GROUP}/codes").read_all()
-    cents = ds.raw(f"{PQ_GROUP}/centroids").read_all()
-    bounds = ds.raw(f"{PQ_GROUP}/bounds").read_all()
-    if codes.shape[0] != ds.num_nodes or int(bounds[-1]) != ds.feat_dim or \
-            codes.shape[1] != cents.shape[0] or bounds.shape[0] != cents.shape[0] + 1 or \
-            (codes.size and int(codes.max()) >= cents.shape[1]):
-        raise DatasetError(f"{ds.path}: PQ codes {codes.shape} (max {int(codes.max()) if codes.size else 0}"
-                           f") do not match {ds.num_nodes} nodes x {ds.feat_dim} features and "
-                           f"{cents.shape[1]} centroids; rerun ooc compress --overwrite")
-    return CompressedRows(codes, cents, bounds, ds.features.dtype, ds.feat_dim)

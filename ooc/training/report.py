@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ooc.util.files import read_jsonl
+
 __all__ = ["RunData", "load_runs", "summary_table", "plot_curves", "plot_io", "make_report"]
 
 
@@ -50,15 +52,6 @@ class RunData:
         return ("val_mrr", "test_mrr") if self.task == "link" else ("val_acc", "test_acc")
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    out = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    return out
 
 
 def _load_one(path: Path, name: str | None = None) -> RunData:
@@ -66,8 +59,8 @@ def _load_one(path: Path, name: str | None = None) -> RunData:
     if not mfile.exists():
         raise FileNotFoundError(f"{path}: no metrics.json (not a finished ooc run)")
     metrics = json.loads(mfile.read_text())
-    epochs = _read_jsonl(path / "metrics.jsonl") or metrics.get("history", [])
-    return RunData(name or path.name, path, metrics, epochs, _read_jsonl(path / "steps.jsonl"))
+    epochs = read_jsonl(path / "metrics.jsonl") or metrics.get("history", [])
+    return RunData(name or path.name, path, metrics, epochs, read_jsonl(path / "steps.jsonl"))
 
 
 def load_runs(paths: list[str | Path]) -> list[RunData]:

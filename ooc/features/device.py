@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["DeviceFeatureCache", "CacheSplit", "select_hot_nodes", "out_degrees", "access_counts",
            "build_device_cache"]
 
-log = logging.getLogger("ooc.device_cache")
+log = logging.getLogger("ooc.features.device")
 
 
 def out_degrees(indices: np.ndarray, num_nodes: int, chunk: int = 1 << 24) -> np.ndarray:
@@ -205,7 +205,7 @@ def build_device_cache(cfg: Any, task: Any, device: torch.device) -> DeviceFeatu
     """
     if not getattr(cfg, "device_cache", ""):
         return None
-    from ooc.tools.streaming import parse_bytes
+    from ooc.util.sizes import parse_bytes
     budget = parse_bytes(cfg.device_cache)
     loader = task.data.loader
     feats = loader.buffer.features

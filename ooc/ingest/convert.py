@@ -14,12 +14,13 @@ import numpy as np
 
 from ooc.kernels.graph import build_csc, index_dtype_for, take_edges
 from ooc.storage.dataset import DatasetWriter
-from ooc.tools.planetoid import read_planetoid
+from ooc.util.sizes import parse_bytes
+from ooc.ingest.planetoid import read_planetoid
 from ooc.storage.idmap import write_int_id_map, write_str_id_map
-from ooc.tools.readers import (InputError, NumpyEdges, TextTable, _pread_into,
+from ooc.ingest.readers import (InputError, NumpyEdges, TextTable, _pread_into,
                                load_array, read_string_pairs)
-from ooc.tools.streaming import (DEFAULT_CHUNK_EDGES, EdgeChunk, SpoolWriter,
-                                 SymmetricSource, build_csc_to_writer, parse_bytes,
+from ooc.ingest.streaming import (DEFAULT_CHUNK_EDGES, EdgeChunk, SpoolWriter,
+                                 SymmetricSource, build_csc_to_writer,
                                  rank_of, spool_with_id_map)
 
 __all__ = ["convert_planetoid", "write_graph_dataset", "convert_edgelist", "convert_numpy",
@@ -514,7 +515,7 @@ def _matrix_market_size(p: Path) -> tuple[int, int, int] | None:
     Raises:
         InputError: a Matrix Market file that is not in coordinate format, or a bad size line.
     """
-    from ooc.tools.readers import open_text
+    from ooc.ingest.readers import open_text
     if not p.is_file():
         return None
     with open_text(p) as f:

@@ -36,33 +36,12 @@ from ooc.kernels import graph as kg
 from ooc.storage.dataset import DatasetWriter, _fault_point
 
 __all__ = ["EdgeChunk", "EdgeSource", "ArrayEdgeSource", "SpoolEdgeSource", "SpoolWriter",
-           "SymmetricSource", "UniqueIdCollector", "build_csc_streaming", "parse_bytes",
+           "SymmetricSource", "UniqueIdCollector", "build_csc_streaming",
            "DEFAULT_CHUNK_EDGES", "spool_with_id_map", "build_csc_to_writer", "coo_to_csr", "ArraySink"]
 
 log = logging.getLogger("ooc.convert")
 
 DEFAULT_CHUNK_EDGES = 1 << 22
-
-
-def parse_bytes(text: str | int) -> int:
-    """``"2GB"``, ``"512MiB"``, ``"1.5G"``, ``"1000000"`` -> bytes (K/M/G/T are binary multiples).
-
-    Raises:
-        ValueError: unparseable size.
-    """
-    if isinstance(text, int):
-        return text
-    t = str(text).strip().upper().replace("IB", "").rstrip("B")
-    mult = 1
-    for suffix, m in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30), ("T", 1 << 40)):
-        if t.endswith(suffix):
-            mult = m
-            t = t[:-1]
-            break
-    try:
-        return int(float(t) * mult)
-    except ValueError:
-        raise ValueError(f"cannot parse size {text!r} (e.g. 2GB, 512MB)") from None
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """``ooc generate rmat``: a synthetic R-MAT graph with planted labels, written straight into the store.
 
 Nothing is materialised: the edge chunks are regenerated for each pass of the streaming CSC build
-(:func:`~ooc.tools.streaming.build_csc_streaming`; they are a pure function of seed and edge index),
+(:func:`~ooc.ingest.streaming.build_csc_streaming`; they are a pure function of seed and edge index),
 and node features, labels and splits are produced and written in node chunks.  Memory is the CSC
 build's budget plus one chunk; the generator itself is parallel Numba (:mod:`ooc.kernels.rmat`).
 """
@@ -21,8 +21,8 @@ from ooc.kernels.graph import index_dtype_for
 from ooc.kernels.rmat import GRAPH500_ABC, rmat_edges, rmat_node_data
 from ooc.kernels.rng import batch_key
 from ooc.storage.dataset import DatasetWriter
-from ooc.tools.streaming import (DEFAULT_CHUNK_EDGES, EdgeChunk, SymmetricSource, build_csc_to_writer,
-                                 parse_bytes)
+from ooc.util.sizes import parse_bytes
+from ooc.ingest.streaming import (DEFAULT_CHUNK_EDGES, EdgeChunk, SymmetricSource, build_csc_to_writer)
 
 __all__ = ["RmatSource", "generate_rmat", "write_rmat_edge_file"]
 

@@ -10,7 +10,7 @@ the lead reconciles the two.  Layout (Pei et al., ICLR'20, ``new_data/<name>/``)
 
 Edges are symmetrised, self-loops and duplicates dropped (Actor: 26,659 undirected edges).
 
-    python -m ooc.tools.geomgcn --raw-dir ../shared/data/actor_film/geom_gcn \\
+    python -m ooc.ingest.geomgcn --raw-dir ../shared/data/actor_film/geom_gcn \\
         --splits ../shared/data/actor_film/splits_geom_gcn --name film --out data/actor
     # -> data/actor/split0 ... data/actor/split9
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ooc.tools.convert import write_graph_dataset
+from ooc.ingest.convert import write_graph_dataset
 
 __all__ = ["read_geom_gcn", "convert_geom_gcn"]
 
@@ -96,7 +96,7 @@ def convert_geom_gcn(raw_dir: str | Path, split_files: list[Path], name: str, ou
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ooc.tools.geomgcn", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ooc.ingest.geomgcn", description=__doc__.split("\n")[0])
     p.add_argument("--raw-dir", required=True, help="folder with out1_node_feature_label.txt, out1_graph_edges.txt")
     p.add_argument("--splits", required=True, help="folder with <name>_split_0.6_0.2_<k>.npz")
     p.add_argument("--name", required=True, help="dataset name, e.g. film")

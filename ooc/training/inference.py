@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 __all__ = ["layerwise_inference", "LayerOutput", "evaluate_node_layerwise", "load_run",
            "eval_run", "predict_run", "write_rows_in_original_order"]
 
-log = logging.getLogger("ooc.inference")
+log = logging.getLogger("ooc.training.inference")
 
 #: Layers smaller than this are kept in memory when no output folder is given.
 IN_MEMORY_LIMIT = 1 << 30
@@ -219,7 +219,7 @@ def load_run(run: str | os.PathLike, dataset: str | None = None,
     Raises:
         FileNotFoundError: the run lacks its config or weights.
     """
-    from ooc.checkpoint import load_checkpoint
+    from ooc.training.checkpoint import load_checkpoint
     from ooc.config import TrainConfig
     from ooc.storage.dataset import Dataset
     from ooc.train import make_model, make_task, resolve_device

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ooc.util.files import fsync_dir
+
 __all__ = ["save_checkpoint", "load_checkpoint", "rng_state", "set_rng_state", "CHECKPOINT_FORMAT"]
 
 CHECKPOINT_FORMAT = 1
@@ -53,12 +55,6 @@ def set_rng_state(st: dict) -> None:
         torch.cuda.set_rng_state_all(st["cuda"])
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save_checkpoint(obj: dict, path: str | os.PathLike) -> None:
@@ -75,7 +71,7 @@ def save_checkpoint(obj: dict, path: str | os.PathLike) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, p)
-    _fsync_dir(p.parent)
+    fsync_dir(p.parent)
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:

@@ -4,7 +4,7 @@
 A :class:`CachedFeature` holds up to ``capacity`` feature rows in one preallocated array, an
 open-addressing hash table (node id -> slot, linear probing with backward-shift deletion) and the
 policy's metadata.  ``gather(ids)`` serves hits from the cache and reads the misses from its
-``fallback`` (anything with ``gather(ids) -> (rows, bytes_read)``: a :class:`~ooc.io.DiskRows`,
+``fallback`` (anything with ``gather(ids) -> (rows, bytes_read)``: a :class:`~ooc.storage.io.DiskRows`,
 another cache...) in one batched call, then admits them.  All per-row work is in Numba kernels.
 
 Policies (``policy=``):

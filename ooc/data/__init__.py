@@ -1,0 +1,1 @@
+"""The data path of a run: budget, partition buffer (shared per machine), plans, loader."""

@@ -1,0 +1,1 @@
+"""Sampling: seeds -> message-flow graphs (node-wise, LABOR, LADIES, ClusterGCN, GraphSAINT)."""

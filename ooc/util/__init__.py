@@ -1,0 +1,1 @@
+"""Small utilities shared by every stage: byte sizes, durable files, JSON lines, processes."""

@@ -1,0 +1,84 @@
+"""Durable files: fsync of files and folders, atomic JSON writes, JSON-lines records.
+
+Every writer of ooc that must never leave a torn file writes a temporary sibling, flushes it and
+renames it over the target (``os.replace`` is atomic on POSIX filesystems); the folder is fsynced
+so the rename survives a power cut.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+__all__ = ["fsync_dir", "fsync_tree", "write_json_atomic", "read_jsonl", "write_jsonl_atomic",
+           "temp_sibling"]
+
+
+def temp_sibling(path: Path, tag: str = "tmp") -> Path:
+    """``DIR/.NAME.TAG-PID`` next to ``path``: the temporary file an atomic write of ``path`` uses."""
+    return path.with_name(f".{path.name}.{tag}-{os.getpid()}")
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """fsync a folder (makes the renames and creations inside it durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: str | os.PathLike) -> None:
+    """fsync every file and folder below ``root`` (and ``root`` itself)."""
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            fd = os.open(os.path.join(dirpath, f), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(dirpath)
+
+
+def write_json_atomic(path: str | os.PathLike, obj: dict) -> None:
+    """Write ``obj`` as indented JSON to ``path`` via a temporary sibling and a rename (never a
+    half-written file)."""
+    path = Path(path)
+    tmp = temp_sibling(path)
+    try:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Records of a JSON-lines file (``[]`` if it does not exist); a torn last line (a killed
+    writer) ends the list."""
+    path = Path(path)
+    out: list[dict] = []
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out
+
+
+def write_jsonl_atomic(path: str | os.PathLike, records: Iterable[dict]) -> None:
+    """Replace ``path`` with ``records``, one JSON object per line (atomic)."""
+    path = Path(path)
+    tmp = temp_sibling(path)
+    try:
+        with open(tmp, "w") as f:
+            for r in records:
+                f.write(json.dumps(r, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
