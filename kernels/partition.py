@@ -16,8 +16,22 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["stream_assign_block", "count_cut_block", "count_buckets_block", "relabel_lists",
-           "bucket_sort_block", "scatter_rows"]
+
+__all__ = ["contiguous_partitions", "stream_assign_block", "count_cut_block", "count_buckets_block",
+           "relabel_lists", "bucket_sort_block", "scatter_rows"]
+
+
+def contiguous_partitions(num_nodes: int, num_parts: int) -> np.ndarray:
+    """int64 [P+1] offsets splitting ``[0, N)`` into ``P`` near-equal contiguous ranges.
+
+    Raises:
+        ValueError: ``P < 1`` or ``P > N`` (an empty partition is never created).
+    """
+    if num_parts < 1:
+        raise ValueError(f"need at least 1 partition, got {num_parts}")
+    if num_parts > num_nodes:
+        raise ValueError(f"{num_parts} partitions for {num_nodes} nodes would leave one empty")
+    return np.linspace(0, num_nodes, num_parts + 1).round().astype(np.int64)
 
 
 @njit(cache=True, nogil=True)

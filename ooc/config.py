@@ -92,7 +92,7 @@ class TrainConfig:
     topology: str = _opt("memory", "data", "memory: load the CSC topology; mmap: map it; disk: keep only "
                          "indptr in memory and read neighbour lists with page-aligned reads",
                          choices=("memory", "mmap", "disk"))
-    # out-of-core engine (issue 5; see ooc.engine)
+    # out-of-core data path (see ooc.data.path)
     mode: str = _opt("exact", "data", "exact: full-graph sampling, misses via cache + batched reads; "
                      "buffer: sample inside resident partitions (MariusGNN); hybrid: seeds from resident "
                      "partitions, full-graph sampling", choices=("exact", "buffer", "hybrid"))
@@ -360,8 +360,8 @@ class TrainConfig:
         if not self.dataset:
             raise ValueError("no dataset given (positional DATASET, data.dataset in --config, or "
                              "--set data.dataset=PATH)")
-        from ooc.engine import validate_engine_options
-        validate_engine_options(self)
+        from ooc.data.path import validate_data_options
+        validate_data_options(self)
 
 
 def load_yaml(path: str | Path) -> dict:

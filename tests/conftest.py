@@ -56,7 +56,7 @@ def cora_dataset(tmp_path_factory: pytest.TempPathFactory, cora_raw: Path) -> Pa
 @pytest.fixture(scope="session")
 def planted_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small planted-partition dataset (3,000 nodes, 8 partitions stored)."""
-    from ooc.buffer import contiguous_partitions
+    from ooc.kernels.partition import contiguous_partitions
     from ooc.kernels.generators import planted_partition
     from ooc.ingest.convert import write_graph_dataset
     g = planted_partition(3000, num_classes=4, avg_degree=8, feat_dim=16, noise=2.0, seed=1,

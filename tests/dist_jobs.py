@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from ooc.config import TrainConfig
-from ooc.distributed import init_from_env
-from ooc.train import Interrupted, train
+from ooc.distributed.context import init_from_env
+from ooc.training.loop import Interrupted, train
 
 
 def _cfg(ds: str, out: Path, **kw: object) -> TrainConfig:
@@ -32,35 +32,37 @@ def steps_and_eval(ds_many: str, ds_few: str, out: str) -> None:
     ctx = init_from_env()
     res: dict = {"rank": ctx.rank}
     try:
-        m = train(_cfg(ds_many, Path(out) / "many", batch_size=1024, eval_batch_size=1024), dist=ctx)
+        m = train(_cfg(ds_many, Path(out) / "many", batch_size=1024, eval_batch_size=1024), job=ctx)
         res["many_steps"] = m["distributed"]["steps_per_rank"]
-        m = train(_cfg(ds_few, Path(out) / "few"), dist=ctx)
+        m = train(_cfg(ds_few, Path(out) / "few"), job=ctx)
         res["few_steps"] = m["distributed"]["steps_per_rank"]
         res["few_val"] = m["history"][0]["val_acc"]
         res["few_test"] = m["history"][0]["test_acc"]
         # resume under DDP: every rank restarts from its own checkpoint, bit-exact
         kw = dict(epochs=3, checkpoint_every=1, dropout=0.3)
-        full = train(_cfg(ds_few, Path(out) / "full", **kw), dist=ctx)
+        full = train(_cfg(ds_few, Path(out) / "full", **kw), job=ctx)
         try:
-            train(_cfg(ds_few, Path(out) / "cut", **kw), dist=ctx, stop_after_steps=3)
+            train(_cfg(ds_few, Path(out) / "cut", **kw), job=ctx, stop_after_steps=3)
         except Interrupted:
             pass
-        cut = train(_cfg(ds_few, Path(out) / "cut", **kw), resume=True, dist=ctx)
+        cut = train(_cfg(ds_few, Path(out) / "cut", **kw), resume=True, job=ctx)
         res["resume_losses_equal"] = full["losses"] == cut["losses"]
         res["resume_weights_equal"] = all(
             torch.equal(a, b) for a, b in zip(_final(ctx, Path(out) / "full").values(),
                                                _final(ctx, Path(out) / "cut").values()))
         if ctx.rank == 0:  # the single-process metric of the very same weights
             from ooc.storage.dataset import Dataset
-            from ooc.train import NodeTask, evaluate, make_model
+            from ooc.tasks.node import NodeTask, evaluate_nodes
+            from ooc.training.loop import make_model
             cfg = _cfg(ds_few, Path(out) / "single")
             cfg.validate()
             ds = Dataset(ds_few)
             task = NodeTask(cfg, ds)
             model = make_model(cfg, ds.feat_dim, task.out_dim)
             model.load_state_dict(torch.load(Path(out) / "few" / "model.pt", weights_only=True))
-            res["single_val"] = evaluate(model, task.data.loader, ds.split("valid"), 1, 2)
-            res["single_test"] = evaluate(model, task.data.loader, ds.split("test"), 1, 2)
+            for key, split in (("single_val", "valid"), ("single_test", "test")):
+                c = evaluate_nodes(model, task.data, ds.split(split), 1, 2)
+                res[key] = float(c[0] / c[1])
             task.close()
             ds.close()
     finally:
@@ -80,13 +82,13 @@ def memory(ds: str, out: str) -> None:
     ctx = init_from_env()
     try:
         train(_cfg(ds, Path(out) / "warmup", partitions=4, buffer_partitions=1, batch_size=256,
-                   shared_buffer=False, eval_every=100), dist=ctx)
+                   shared_buffer=False, eval_every=100), job=ctx)
         for shared in (False, True):
             gc.collect()  # the first run's private buffer is gone before the second is measured
             start = ctx.host_memory()["host_memory"]
             m = train(_cfg(ds, Path(out) / f"shared{int(shared)}", partitions=4, buffer_partitions=4,
                            batch_size=256, fanouts=[2], shared_buffer=shared, eval_every=100,
-                           epochs=1), dist=ctx)
+                           epochs=1), job=ctx)
             if ctx.rank == 0:
                 h = m["history"][0]
                 rec = {"host_memory": h["host_memory"], "start_memory": start, "host_memory_bytes": h["host_memory_bytes"],

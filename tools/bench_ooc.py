@@ -324,7 +324,7 @@ def run_planetoid_table(shared: Path, workdir: Path, names: list[str], seeds: in
     from ooc.partition import partition_dataset
     from ooc.compress import compress_dataset
     from ooc.ingest.convert import convert_planetoid
-    from ooc.train import train
+    from ooc.training.loop import train
     rows = []
     for name in names:
         ds = convert_planetoid(shared / name / "planetoid", name, workdir / name, overwrite=True)

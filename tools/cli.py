@@ -306,9 +306,10 @@ def _print_summary(m: dict) -> None:
 def _cmd_train(args: argparse.Namespace) -> int:
     import copy
 
-    from ooc.train import train, write_json_atomic
+    from ooc.training.loop import train
+    from ooc.util.files import write_json_atomic
     base = _train_config(args)
-    from ooc.distributed import launch_spec_from_args
+    from ooc.distributed.launch import launch_spec_from_args
     spec = launch_spec_from_args(args, base)  # --devices / --nnodes / torchrun: data-parallel (issue 7)
     if spec is not None:
         return _cmd_train_distributed(args, base, spec)
@@ -357,12 +358,10 @@ def _cmd_train_distributed(args: argparse.Namespace, cfg: "TrainConfig", spec: o
     """``ooc train`` with ``--devices`` / ``--nnodes``, or one rank of a torchrun job."""
     import json
 
-    from ooc.distributed import run_cli
+    from ooc.distributed.launch import run_cli
     if args.repeat > 1:
         raise ValueError("--repeat is not supported with --devices / --nnodes / torchrun")
     cfg.validate()
-    if cfg.task != "node":
-        raise ValueError("data-parallel training (--devices/--nnodes/torchrun) supports task: node only")
     rc = run_cli(cfg, bool(args.resume), spec if spec != "torchrun" else None)
     metrics = Path(cfg.output_dir) / "metrics.json"
     if rc == 0 and spec != "torchrun" and getattr(spec, "node_rank", 0) == 0 and metrics.exists():
@@ -730,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (DatasetError, PlanetoidError, ConfigError, FileExistsError, FileNotFoundError, ValueError,
-            NotImplementedError, OSError) as e:  # NotImplementedError: an unsupported option combination
+            OSError) as e:
         print(f"ooc {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -17,7 +17,7 @@ from pathlib import Path
 from ooc.config import TrainConfig
 from ooc.kernels.generators import planted_partition
 from ooc.ingest.convert import write_graph_dataset
-from ooc.train import train
+from ooc.training.loop import train
 
 __all__ = ["run_demo"]
 

@@ -30,7 +30,7 @@ __all__ = ["main"]
 
 
 def _dataset(work: Path, nodes: int, feat_dim: int) -> Path:
-    from ooc.buffer import contiguous_partitions
+    from ooc.kernels.partition import contiguous_partitions
     from ooc.kernels.generators import planted_partition
     from ooc.ingest.convert import write_graph_dataset
     path = work / f"planted-{nodes}-{feat_dim}"
@@ -56,27 +56,23 @@ def _probe_pinned(ds: Path, work: Path, device: str, cache_bytes: int) -> dict:
     """Device cache data path on one device: pinned host rows, non-blocking copies, exact rows."""
     import torch
 
-    from ooc.features.device import DeviceFeatureCache, out_degrees, select_hot_nodes
     from ooc.storage.dataset import Dataset
-    from ooc.train import NodeTask, _to_device
-    cfg = _cfg(ds, work / "probe", device)
+    from ooc.tasks.node import NodeTask
+    cfg = _cfg(ds, work / "probe", device, device_cache=str(cache_bytes))
     cfg.validate()
     d = Dataset(ds)
-    task = NodeTask(cfg, d)
-    loader = task.data.loader
     dev = torch.device(device)
-    k = cache_bytes // (4 * d.feat_dim)
-    cache = DeviceFeatureCache.fill(loader, select_hot_nodes(out_degrees(loader.indices, d.num_nodes), k),
-                                    d.num_nodes, dev, "degree")
+    task = NodeTask(cfg, d)
+    data = task.data
     plan = task.plan(0)
-    plain = loader.make_batch(0, plan.batches[0], 0)
-    loader.device_cache = cache
-    b = loader.make_batch(0, plan.batches[0], 0)
+    plain = data.node_batch(0, plan.batches[0], 0)
+    cache = data.attach_device_cache(dev, plan)
+    b = data.node_batch(0, plan.batches[0], 0)
     pinned = bool(b.x.numel() == 0 or b.x.is_pinned())
-    _, x = _to_device(b, dev)
+    _, x = b.inputs(dev)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-    exact = bool(torch.equal(x.cpu(), plain.x))
+    exact = bool(torch.equal(x.cpu(), plain.x.float()))
     st = cache.reset_stats()
     task.close()
     d.close()
@@ -131,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
           f"torch {torch.__version__}; dataset {args.nodes:,} nodes x {args.feat_dim} in "
           f"{info['dataset_s']:.1f} s")
 
-    from ooc.train import train
+    from ooc.training.loop import train
     info["probe"] = _probe_pinned(ds, work, devices[0], cache_bytes)
     print(f"  device cache path: pinned host rows {info['probe']['pinned_host_rows']}, assembled rows "
           f"exact {info['probe']['assembled_rows_exact']}, hit ratio "
@@ -148,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         single[name] = m
 
     # NCCL (gloo on CPU) DDP over every device vs one process with the global batch
-    from ooc.distributed import LaunchSpec, launch, train_worker
+    from ooc.distributed.launch import LaunchSpec, launch, train_worker
     run = work / "ddp"
     cfg = _cfg(ds, run, devices[0], batch_size=args.batch_size, epochs=1,
                device_cache=str(cache_bytes))

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     from ooc.training.inference import eval_run
     from ooc.kernels.generators import planted_partition
     from ooc.ingest.convert import write_graph_dataset
-    from ooc.train import train
+    from ooc.training.loop import train
 
     p = argparse.ArgumentParser(prog="python -m ooc.tools.gpu_check_training")
     p.add_argument("--workdir", default=None)

@@ -1,14 +1,25 @@
 """Memory budgets and resident-set measurement.
 
-:class:`RssMonitor` reports the current and peak resident set size of this process with psutil and
+:func:`plan_budget` splits one machine's ``--memory-budget`` between the parts of the data path
+(:class:`BudgetPlan`); :class:`RssMonitor` reports the current and peak resident set size of this process with psutil and
 ``/proc/self/status`` (``VmHWM``), and can reset the peak between epochs (Linux ``clear_refs``).
 """
 
 from __future__ import annotations
 
+import threading
+from dataclasses import asdict, dataclass
+
+import numpy as np
 import psutil
 
-__all__ = ["RssMonitor", "release_free_memory", "tune_allocator"]
+from ooc.data.buffer import BufferManager
+from ooc.features.cache import CachedFeature
+from ooc.kernels.sampling import workspace_bytes
+from ooc.storage.dataset import Dataset
+from ooc.util.sizes import format_bytes
+
+__all__ = ["BudgetPlan", "plan_budget", "RssMonitor", "release_free_memory", "tune_allocator"]
 
 
 def _status_field(name: str) -> int | None:
@@ -22,6 +33,12 @@ def _status_field(name: str) -> int | None:
     return None
 
 
+def _private_rss() -> int:
+    """Resident pages of this process that are not shared memory: ``RssAnon + RssFile`` (bytes)."""
+    anon, file = _status_field("RssAnon"), _status_field("RssFile")
+    return int((anon or 0) + (file or 0))
+
+
 class RssMonitor:
     """Current and peak RSS of this process (bytes).
 
@@ -29,13 +46,45 @@ class RssMonitor:
     missing); ``reset_peak()`` writes ``5`` to ``/proc/self/clear_refs`` so the next ``peak()`` covers
     only what follows (per-epoch peaks).  ``baseline`` is the RSS when the monitor was created: the
     runtime's fixed overhead (interpreter, torch, Numba) before any data is loaded.
+
+    ``VmHWM`` counts the shared-memory pages a process touched, so the ranks of a machine would count
+    a shared buffer once each.  :meth:`start_sampling` runs a thread that reads the private part
+    (``RssAnon + RssFile``) every ``interval_s`` and keeps its peak (:meth:`peak_private`): a machine's
+    peak is then the sum of its ranks' private peaks plus the shared segments once (sampled: a spike
+    shorter than the interval can be missed).
     """
 
     def __init__(self) -> None:
         self._proc = psutil.Process()
         release_free_memory()
         self.baseline = self.current()
+        self._private_peak = _private_rss()
+        self._stop: threading.Event | None = None
         self.reset_peak()
+
+    def start_sampling(self, interval_s: float = 0.02) -> None:
+        """Sample the private RSS every ``interval_s`` on a daemon thread (idempotent)."""
+        if self._stop is not None:
+            return
+        self._stop = threading.Event()
+
+        def loop(stop: threading.Event) -> None:
+            while not stop.wait(interval_s):
+                v = _private_rss()
+                if v > self._private_peak:
+                    self._private_peak = v
+
+        threading.Thread(target=loop, args=(self._stop,), name="ooc-rss", daemon=True).start()
+
+    def stop_sampling(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None
+
+    def peak_private(self) -> int:
+        """Peak private RSS (anonymous + file pages) since the last reset (sampled)."""
+        self._private_peak = max(self._private_peak, _private_rss())
+        return self._private_peak
 
     def current(self) -> int:
         """Resident set size now."""
@@ -47,7 +96,8 @@ class RssMonitor:
         return hwm if hwm is not None else self.current()
 
     def reset_peak(self) -> bool:
-        """Reset the peak to the current RSS; False where the kernel does not allow it."""
+        """Reset the peaks to the current RSS; False where the kernel does not allow it."""
+        self._private_peak = _private_rss()
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
@@ -78,3 +128,219 @@ def release_free_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # pragma: no cover - not glibc
         pass
+
+
+@dataclass
+class BudgetPlan:
+    """How a byte budget is spent (all in bytes).
+
+    Attributes:
+        budget: the budget (None: no budget, sizes from ``--buffer-partitions`` / ``--cache-size``).
+        topology: resident topology (indptr, indices when in memory, degrees).
+        node_arrays: labels and split ids.
+        staging: batches in flight (estimate: prefetch + 2 batches of input rows in the storage
+            dtype and sampled edges, plus the float32 copy and activations of the one in training).
+        slot: bytes of one partition slot (features, plus in-edges in buffer mode).
+        slots: partition slots; state_slots: partitions resident per buffer state (the rest hold
+            prefetched partitions, double buffering).
+        cache: feature cache bytes; cache_rows: its capacity in rows.
+        group: COMET logical partition size.
+        scratch: buffers kept between batches: the sampler's per-thread workspace (training and
+            evaluation threads).
+        compressed: PQ codes and centroids of every node (``--miss-features pq``).
+        local_world: ranks of this machine sharing the budget; per_rank: bytes every one of them
+            holds privately (node arrays, batches in flight, scratch, the resident subgraph of
+            buffer mode, a device cache kept in host memory), counted ``local_world`` times.
+        prefetch: batches built ahead, as planned (lowered from the configured depth when the
+            batches in flight would not fit otherwise; speed only, never results).
+    """
+
+    budget: int | None
+    topology: int
+    node_arrays: int
+    staging: int
+    slot: int
+    slots: int
+    state_slots: int
+    cache: int
+    cache_rows: int
+    group: int
+    num_parts: int
+    scratch: int = 0
+    compressed: int = 0
+    local_world: int = 1
+    per_rank: int = 0
+    prefetch: int = 2
+    slot_private: int = 0
+    shared_slots: bool = True
+
+    @property
+    def planned(self) -> int:
+        """Bytes of the machine: shared parts once, per-rank parts ``local_world`` times."""
+        lw = self.local_world
+        slots = self.slots * (self.slot if self.shared_slots else self.slot * lw)
+        return (self.topology + self.compressed + self.cache + slots
+                + lw * (self.per_rank + self.slots * self.slot_private))
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["planned"] = self.planned
+        return d
+
+
+def _staging_bytes(n: int, avg_deg: float, row_bytes: int, feat_dim: int, batch_size: int,
+                   fanouts: list[int], prefetch: int, hidden: int, eval_batch_size: int = 0,
+                   eval_fanouts: list[int] | None = None, float_copy: bool = True) -> int:
+    """Bytes of batches in flight: ``prefetch + 2`` training batches (queued, being built, being
+    trained) holding their rows in the storage dtype, plus the float32 copy (``float_copy``: rows
+    not stored as float32) and activations of the one being trained; or the same for two
+    evaluation batches (``eval_fanouts``; ``None``: full neighbourhoods), whichever is larger."""
+    def need(bs: int, fo: list[int], alive: int) -> int:
+        rows, edges = _batch_extent(n, avg_deg, bs, fo)
+        queued = rows * (row_bytes + 24) + edges * 40  # rows, ids / labels, MFG arrays
+        return alive * queued + rows * ((4 * feat_dim if float_copy else 0) + 4 * hidden)
+
+    train = need(batch_size, fanouts, max(prefetch, 0) + 2)
+    ev = need(eval_batch_size, list(eval_fanouts) if eval_fanouts else [-1] * len(fanouts), 2)
+    return int(max(train, ev))
+
+
+def _batch_extent(n: int, avg_deg: float, batch_size: int, fanouts: list[int]) -> tuple[int, int]:
+    """Upper estimate of one batch's ``(input rows, sampled edges)`` (no deduplication)."""
+    rows = batch_size
+    edges = 0
+    for f in fanouts:
+        eff = f if f > 0 else max(avg_deg, 1.0)
+        edges += min(rows * eff, n * max(avg_deg, 1.0))
+        rows = min(n, rows * (1 + eff))
+    return int(rows), int(edges)
+
+
+def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray, topology: str,
+                batch_size: int, fanouts: list[int], prefetch: int, hidden: int,
+                buffer_partitions: int, cache_size: int | None, cache_policy: str,
+                ordering: str, eval_batch_size: int = 0,
+                eval_fanouts: list[int] | None = None, compressed: int = 0, *,
+                local_world: int = 1, share: bool = True, per_rank_extra: int = 0,
+                topology_edges: int | None = None, min_state: int = 1,
+                float_copy: bool | None = None) -> BudgetPlan:
+    """Split one machine's ``budget`` between topology, node arrays, batches in flight, sampler
+    scratch, compressed rows (``compressed`` bytes of PQ codes, see :mod:`ooc.features.pq`),
+    partition slots and the CPU row cache.
+
+    Shared by the machine's ``local_world`` ranks, hence counted once: the topology held in memory,
+    the PQ codes, the partition slots (``share``; else one buffer per rank) and the cache (split
+    between the ranks).  Counted per rank: node arrays, batches in flight, sampler scratch, the
+    resident subgraph of buffer mode, ``per_rank_extra`` (e.g. a CPU device cache).  When the
+    batches in flight do not fit, the prefetch depth is lowered (it changes speed, never results)
+    before the budget is refused.
+
+    Args:
+        topology_edges: edges of the graph held in memory instead of the dataset's (link
+            prediction's message-passing graph, int64 indices).
+        min_state: partitions a buffer state must hold (2 for link prediction's edge buckets).
+        float_copy: the training step converts rows to float32 (storage not float32); default from
+            the dataset's feature dtype.
+
+    Raises:
+        ValueError: the budget cannot hold the fixed parts plus the minimum the mode needs (one
+            partition slot for ``buffer``/``hybrid``, ``min_state`` + 1 with states), naming the sizes.
+    """
+    n, e = ds.num_nodes, ds.num_edges
+    feats = ds.features
+    row_bytes = feats.row_bytes
+    idx_item = ds.raw("indices").dtype.itemsize
+    if float_copy is None:
+        float_copy = np.dtype(feats.dtype) != np.float32
+    num_parts = offsets.shape[0] - 1
+    sizes = np.diff(offsets)
+    indptr = ds.indptr
+    part_edges = indptr[offsets[1:]] - indptr[offsets[:-1]]
+    lw = max(int(local_world), 1)
+    topo = 8 * (n + 1) + 8 * n  # indptr + degrees
+    if topology_edges is not None:
+        topo += 8 * int(topology_edges)
+        e = int(topology_edges)
+    elif topology in ("memory", "mmap"):
+        topo += e * idx_item
+    nodes = 4 * n + 8 * sum(ds.split(s).shape[0] for s in ("train", "valid", "test"))
+    # sampler workspaces of the loader and evaluation threads (N-sized for small graphs); the
+    # miss reads' request staging (at most (io_depth + 8) x MISS_RUN_BYTES, 5 MiB by default) is
+    # a fixed cost, part of the stated runtime overhead
+    scratch = 2 * workspace_bytes(n)
+    slot = BufferManager.slot_bytes(int(sizes.max()), row_bytes)
+    slot_private = 0
+    if mode == "buffer":  # in-edges of the partition (raw) travel with it; its local CSC per rank
+        slot += BufferManager.slot_bytes(int(part_edges.max()), idx_item)
+        slot_private = 8 * int(part_edges.max()) + 24 * (int(sizes.max()) + 1)
+    per_row = CachedFeature.bytes_per_row(row_bytes)
+    depth = max(int(prefetch), 0)
+
+    def staging(d: int) -> int:
+        return _staging_bytes(n, e / max(n, 1), row_bytes, ds.feat_dim, batch_size, fanouts, d,
+                              hidden, eval_batch_size, eval_fanouts, float_copy)
+
+    def slots_cost(k: int) -> int:
+        return k * (slot if share else slot * lw) + lw * k * slot_private
+
+    stage = staging(depth)
+    if budget is None:
+        slots = min(buffer_partitions, num_parts)
+        cache = cache_size or 0
+    else:
+        need_slots = 0 if mode == "exact" else min_state
+        need_slots = min(need_slots, num_parts)
+        fixed = topo + compressed + lw * (nodes + scratch + per_rank_extra)
+        while depth > 0 and fixed + lw * stage + slots_cost(need_slots) > budget:
+            depth -= 1
+            stage = staging(depth)
+        avail = budget - fixed - lw * stage
+        if avail < slots_cost(need_slots):
+            raise ValueError(
+                f"memory budget {format_bytes(budget)} too small"
+                + (f" for {lw} local ranks" if lw > 1 else "") + f": topology {format_bytes(topo)}, "
+                f"node arrays {format_bytes(nodes)}, batches in flight {format_bytes(stage)}, "
+                f"sampler scratch {format_bytes(scratch)}"
+                + (" per rank" if lw > 1 else "")
+                + (f", PQ codes {format_bytes(compressed)}" if compressed else "")
+                + (f", host-side device cache {format_bytes(per_rank_extra)}" if per_rank_extra else "")
+                + (f", {need_slots} partition slot{'s' if need_slots > 1 else ''} "
+                   f"{format_bytes(slots_cost(need_slots))}" if need_slots else "")
+                + " (use more partitions, --topology disk, a smaller batch or a larger budget"
+                + ("; or --miss-features disk / fewer `ooc compress --subspaces`" if compressed
+                   else "") + ")")
+        per_slot = slots_cost(1)
+        if mode == "exact":
+            if slots_cost(num_parts) <= avail and not cache_size:
+                slots, cache = num_parts, 0
+            else:
+                slots, cache = 0, min(avail, cache_size) if cache_size else avail
+        else:
+            cache = 0
+            if mode == "hybrid" and cache_policy != "none":
+                cache = min(cache_size, avail - per_slot) if cache_size else 0
+            slots = min(num_parts + max(1, num_parts // 3), (avail - cache) // per_slot)
+            if slots >= num_parts:
+                slots = num_parts
+                if mode == "hybrid" and not cache_size:
+                    cache = 0
+    if cache_policy == "none":
+        cache = 0
+    cache_rows = cache // per_row
+    group = 1
+    if slots >= num_parts:
+        state = num_parts
+    elif mode == "exact":
+        state = slots
+    elif slots <= 1:
+        state = max(slots, 1)
+    elif ordering == "comet" and min_state <= 1:
+        group = max(1, slots // 3)
+        # whole logical partitions per state (comet_states rounds down); the rest prefetch
+        state = max(group, (slots - group) // group * group)
+    else:
+        state = max(slots - 1, min(min_state, slots))
+    return BudgetPlan(budget, int(topo), int(nodes), int(stage), int(slot), int(slots), int(state),
+                      int(cache), int(cache_rows), int(group), num_parts, int(scratch),
+                      int(compressed), lw, int(nodes + stage + scratch + per_rank_extra), depth,
+                      int(slot_private), bool(share))

@@ -1,49 +1,24 @@
-"""One partition buffer per machine: the slot array in shared memory, shared by the local ranks.
+"""Shared memory of one machine: segments every local rank maps, and the buffer's hand-over words.
 
-With ``ooc train --devices N`` every local rank needs the same feature partitions (all ranks follow
-the same global epoch plan, see :mod:`ooc.distributed`).  Instead of N private buffers -- N copies of
-every resident partition and N readers of the same bytes -- local rank 0 owns one buffer whose slot
-array and slot table live in a shared-memory segment; the other local ranks map the segment and read
-the slots directly.  Host memory is budgeted per machine: one copy of each resident partition, one
-I/O owner.
+With ``ooc train --devices N`` the local ranks of a machine share one copy of what they all read:
+the partition buffer's slots (:class:`ooc.data.buffer.BufferManager` places its slot memory and
+tables in a segment, local rank 0 owns it and does the I/O), the topology held in memory and the
+PQ codes (:func:`shared_array`).  Host memory is budgeted per machine, and shared pages count once.
 
-Pieces (each small, so they can be re-attached to another buffer implementation):
+- :class:`SharedSegment` -- a named file in ``/dev/shm`` (POSIX shared memory on Linux) mapped
+  ``MAP_SHARED`` by every local rank; the creator unlinks the name as soon as every rank has mapped
+  it (one barrier), so a killed job leaves nothing behind.
+- :class:`Handover` -- the words through which the buffer's owner and the other local ranks
+  ("followers") agree on residency: ``ready`` (the owner has made buffer state ``t`` resident),
+  ``done[r]`` (local rank ``r`` has finished every batch of the states before ``t``), ``pid[r]``
+  (liveness) and a ``failed`` flag.  See :class:`ooc.data.buffer.BufferManager` for the protocol.
+- :func:`shared_array` -- an array filled once by local rank 0 and mapped by the others.
+- :func:`memory_of` -- RSS, anonymous, shared and proportional (PSS) memory of a process.
 
-- :class:`SharedSegment` -- a named file in ``/dev/shm`` (POSIX shared memory on Linux), created
-  by the owner, mapped by every local rank, unlinked by the owner as soon as all ranks have mapped it
-  (so a killed job leaves nothing behind; the pages live until the last mapping goes).
-- :class:`SlotTable` -- the layout inside the segment: header, a ticket word per local rank, a
-  generation counter per slot (a seqlock), ``slot_of`` [P] and the slot array itself.
-- :class:`SharedOwnerBuffer` -- a :class:`~ooc.buffer.PartitionBuffer` whose ``buf`` and
-  ``slot_of`` are views of the segment.  Its hook into the buffer is two overridden methods
-  (``_start`` / ``_settle`` bump the slot's generation around every load) and ``require``
-  (waits for the other ranks to finish the previous batch before it may evict).
-- :class:`SharedFollowerBuffer` -- the same interface for the other local ranks: ``require`` waits
-  until the owner has made the batch's partitions resident, ``gather`` copies rows out of the shared
-  slots and reads the rest from disk like any miss.
-
-Protocol (tickets).  Every local rank calls ``require`` once per training batch, in the same order
-(the global plan is identical on all ranks).  The owner's ``require`` number ``t`` first waits until
-every follower has announced ``done >= t - 1`` (it has gathered batch ``t - 1`` and will not touch
-those slots again), then loads/evicts, then publishes ``ready = t``.  A follower's ``require`` number
-``t`` announces ``done = t - 1`` and waits for ``ready >= t``.  No cycle is possible: followers wait
-only for the owner, the owner only for followers' *previous* batch.
-
-Torn reads.  The owner's I/O thread may prefetch into a slot (evicting a partition no rank needs for
-the current batch) while a follower is copying rows.  Every slot has a generation counter, odd while
-a load is in progress (set before ``slot_of`` of the evicted partition is cleared, made even after
-``slot_of`` of the new one is set): a follower snapshots the generations, copies, re-reads them, and
-treats rows from any slot whose generation changed (or was odd) as misses.  This relies on stores
-becoming visible in program order (x86-64 TSO); the hand-over points of the owner (thread joins,
-futures) are full barriers.
-
-Liveness.  Waits poll the shared words with a short back-off, check that the peer process is alive
-and give up after ``timeout_s`` with an error naming the peer: a dead or stuck rank never hangs the
-others.
-
-Memory accounting: a mapped page of the segment is counted in the RSS (``RssShmem``) of every process
-that touched it, but exists once; the proportional set size (``Pss``) splits it between them.
-:func:`memory_of` reads both from ``/proc``.
+Liveness: every wait polls with a short back-off, checks that the peer process is alive and gives
+up after ``timeout_s`` with an error naming the peer -- a dead or stuck rank never hangs the others.
+Stores become visible to other processes in program order on x86-64 (TSO); the owner's hand-over
+points (thread joins, futures) are full barriers.
 """
 
 from __future__ import annotations
@@ -53,19 +28,19 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-from numba import njit, prange
 
-from ooc.buffer import BufferStats, PartitionBuffer, _as_uint_rows
-from ooc.storage.rawarray import RawArray
 from ooc.util.procs import pid_alive
 
-__all__ = ["SharedSegment", "SlotTable", "SharedOwnerBuffer", "SharedFollowerBuffer", "memory_of",
-           "PeerError", "shm_dir"]
+if TYPE_CHECKING:  # pragma: no cover
+    from ooc.contracts import Job
 
-_MAGIC = 0x006F6F632D73686D  # "ooc-shm"
-_ALIGN = 4096
+__all__ = ["SharedSegment", "Handover", "PeerError", "shm_dir", "shared_array", "memory_of",
+           "ALIGN"]
+
+ALIGN = 4096
 
 
 class PeerError(RuntimeError):
@@ -76,8 +51,6 @@ def shm_dir() -> Path:
     """``/dev/shm`` where it exists (POSIX shared memory on Linux), else the temporary folder."""
     d = Path("/dev/shm")
     return d if d.is_dir() and os.access(d, os.W_OK) else Path(tempfile.gettempdir())
-
-
 
 
 class SharedSegment:
@@ -147,94 +120,41 @@ class SharedSegment:
             pass
 
 
-class SlotTable:
-    """Layout of a shared buffer segment (all words int64, the slot array 4 KiB aligned).
-
-    ::
-
-        header   [8]            magic, capacity, num_parts, slot_rows, row_bytes, local_world, failed, 0
-        ready    [1]            owner: tickets published (partitions of batch `ready` are resident)
-        done     [local_world]  per local rank: last ticket whose batch it has finished gathering
-        pid      [local_world]  per local rank: its process id (liveness checks)
-        gen      [capacity]     per slot: generation, odd while a load is in progress
-        slot_of  [num_parts]    slot of each resident partition, -1 if not resident
-        slots    [capacity * slot_rows, *row_shape]   the feature rows (feature dtype)
+class Handover:
+    """The owner/follower words of a shared buffer: ``[failed, ready, done[L], pid[L]]`` (int64).
 
     Args:
-        segment: the mapped segment (:meth:`nbytes` bytes).
-        capacity, num_parts, slot_rows: buffer geometry.
-        row_shape, dtype: shape and dtype of one feature row.
-        local_world: ranks sharing the segment.
+        words: int64 view of ``2 + 2 * local_world`` words inside a segment.
+        local_world: ranks sharing the buffer.
     """
 
-    def __init__(self, segment: SharedSegment, capacity: int, num_parts: int, slot_rows: int,
-                 row_shape: tuple[int, ...], dtype: np.dtype, local_world: int) -> None:
-        self.segment = segment
-        self.capacity, self.num_parts, self.slot_rows = capacity, num_parts, slot_rows
+    def __init__(self, words: np.ndarray, local_world: int) -> None:
+        self.words = words
         self.local_world = local_world
-        lay = self.layout(capacity, num_parts, local_world)
-        self.header = segment.view(0, (8,), np.int64)
-        self.ready = segment.view(lay["ready"], (1,), np.int64)
-        self.done = segment.view(lay["done"], (local_world,), np.int64)
-        self.pid = segment.view(lay["pid"], (local_world,), np.int64)
-        self.gen = segment.view(lay["gen"], (capacity,), np.int64)
-        self.slot_of = segment.view(lay["slot_of"], (num_parts,), np.int64)
-        self.slots = segment.view(lay["slots"], (capacity * slot_rows, *row_shape), dtype)
-        self.row_bytes = int(np.prod(row_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        self.ready = words[1:2]
+        self.done = words[2:2 + local_world]
+        self.pid = words[2 + local_world:2 + 2 * local_world]
 
     @staticmethod
-    def layout(capacity: int, num_parts: int, local_world: int) -> dict[str, int]:
-        off = 64
-        lay = {"ready": off}
-        off += 8
-        lay["done"] = off
-        off += 8 * local_world
-        lay["pid"] = off
-        off += 8 * local_world
-        lay["gen"] = off
-        off += 8 * capacity
-        lay["slot_of"] = off
-        off += 8 * num_parts
-        lay["slots"] = -(-off // _ALIGN) * _ALIGN
-        return lay
+    def num_words(local_world: int) -> int:
+        return 2 + 2 * local_world
 
-    @classmethod
-    def nbytes(cls, capacity: int, num_parts: int, slot_rows: int, row_bytes: int,
-               local_world: int) -> int:
-        """Segment size for this geometry (slot bytes + a page of table for small tables)."""
-        return cls.layout(capacity, num_parts, local_world)["slots"] + capacity * slot_rows * row_bytes
-
-    def init_owner(self) -> None:
-        """Fill the header and reset the table (owner, before anyone attaches)."""
-        self.header[:] = [_MAGIC, self.capacity, self.num_parts, self.slot_rows, self.row_bytes,
-                          self.local_world, 0, 0]
-        self.ready[0] = 0
-        self.done[:] = 0
-        self.pid[:] = 0
-        self.gen[:] = 0
-        self.slot_of[:] = -1
-
-    def check(self) -> None:
-        """Raise ValueError if the header does not describe this geometry (a follower's check)."""
-        want = [_MAGIC, self.capacity, self.num_parts, self.slot_rows, self.row_bytes, self.local_world]
-        if self.header[:6].tolist() != want:
-            raise ValueError(f"{self.segment.path}: shared buffer header {self.header[:6].tolist()} "
-                             f"does not match this rank's buffer {want}")
+    def reset(self) -> None:
+        self.words[:] = 0
 
     @property
     def failed(self) -> bool:
-        return bool(self.header[6])
+        return bool(self.words[0])
 
     def mark_failed(self) -> None:
-        self.header[6] = 1
+        self.words[0] = 1
 
-    # --------------------------------------------------------------- waiting
-    def wait(self, cond, what: str, peers: list[int], timeout_s: float) -> None:
+    def wait(self, cond: Callable[[], bool], what: str, peers: list[int], timeout_s: float) -> None:
         """Poll ``cond()`` until true (back-off 50 us .. 2 ms).
 
         Raises:
-            PeerError: a rank in ``peers`` (local ranks) died, one marked the segment failed, or
-                ``timeout_s`` passed.
+            PeerError: a local rank in ``peers`` died, one marked the buffer failed, or
+                ``timeout_s`` passed without progress.
         """
         if cond():
             return
@@ -257,173 +177,60 @@ class SlotTable:
                                     f"{timeout_s:.0f} s while {what}")
 
 
-class SharedOwnerBuffer(PartitionBuffer):
-    """The I/O owner's buffer (local rank 0): a :class:`PartitionBuffer` living in shared memory.
+def shared_segment(job: "Job", tag: str, nbytes: int,
+                   init: Callable[[SharedSegment], None]) -> SharedSegment:
+    """One segment of ``nbytes`` per machine: local rank 0 creates it and runs ``init(segment)``;
+    the other local ranks map it after one all-gather of the names; after a barrier the creator
+    unlinks the name (the pages live until the last mapping goes).  Every rank calls this at the
+    same point.
 
-    Eviction, prefetch and gathers are the base class's; this class only moves ``buf`` and
-    ``slot_of`` into the segment, brackets every slot load with generation bumps and waits for the
-    followers before each ``require`` (see the module docstring).
-
-    Args:
-        features, offsets, capacity, io_threads: as :class:`PartitionBuffer`.
-        table: the segment's :class:`SlotTable` (geometry matching this buffer).
-        timeout_s: how long to wait for a follower before raising :class:`PeerError`.
+    Raises:
+        RuntimeError: local rank 0 of this machine failed to create the segment.
     """
-
-    shared = True
-
-    def __init__(self, features: RawArray, offsets: np.ndarray, capacity: int, io_threads: int,
-                 table: SlotTable, timeout_s: float = 60.0) -> None:
-        super().__init__(features, offsets, capacity, io_threads)
-        if table.slots.shape != self.buf.shape or table.slots.dtype != self.buf.dtype:
-            raise ValueError(f"shared slots {table.slots.shape} {table.slots.dtype} do not match the "
-                             f"buffer {self.buf.shape} {self.buf.dtype}")
-        self.buf = table.slots          # the hook: slot array and slot table live in the segment
-        self.slot_of = table.slot_of
-        self.table = table
-        self.timeout_s = timeout_s
-        self.ticket = 0
-        table.pid[0] = os.getpid()
-
-    def _start(self, p: int, slot: int, sync: bool) -> None:
-        self.table.gen[slot] += 1       # odd: readers must not trust this slot
-        super()._start(p, slot, sync)
-        if sync or self._pool is None:
-            self.table.gen[slot] += 1   # loaded and slot_of set: even again
-
-    def _settle(self, p: int, wait: bool) -> bool:
-        done = super()._settle(p, wait)
-        if done:
-            self.table.gen[int(self.slot_of[p])] += 1
-        return done
-
-    def require(self, parts: list[int], upcoming: list[int] | None = None) -> None:
-        t = self.ticket + 1
-        peers = list(range(1, self.table.local_world))
-        done = self.table.done
-        self.table.wait(lambda: int(done[1:].min(initial=t)) >= t - 1,
-                        f"waiting for them to finish batch {t - 1}", peers, self.timeout_s)
+    seg = None
+    err = ""
+    if job.local_rank == 0:
+        SharedSegment.remove_stale()
         try:
-            super().require(parts, upcoming)
-        except BaseException:
-            self.table.mark_failed()
-            raise
-        self.ticket = t
-        self.table.ready[0] = t
-
-    def close(self) -> None:
-        super().close()
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def _gather_shared(ids: np.ndarray, offsets: np.ndarray, slot_of: np.ndarray, gen0: np.ndarray,
-                   slot_rows: int, buf: np.ndarray, out: np.ndarray, used: np.ndarray) -> None:
-    """Copy rows of partitions resident in stable slots (even generation in ``gen0``); ``used[i]``
-    is the slot row ``i`` came from, or -1 (a miss)."""
-    for i in prange(ids.shape[0]):
-        v = ids[i]
-        p = np.searchsorted(offsets, v, side="right") - 1
-        s = slot_of[p]
-        if s >= 0 and gen0[s] % 2 == 0:
-            out[i] = buf[s * slot_rows + (v - offsets[p])]
-            used[i] = s
-        else:
-            used[i] = -1
+            seg = SharedSegment(SharedSegment.new_path(f"{tag}-n{job.node_rank}"), nbytes, create=True)
+            init(seg)
+        except BaseException as e:  # reported to every rank, then re-raised here
+            err = f"{type(e).__name__}: {e}"
+            if seg is not None:
+                seg.unlink()
+            seg = None
+    names = job.all_gather_object((job.node_rank, job.local_rank, str(seg.path) if seg else "", err))
+    try:
+        if job.local_rank == 0 and seg is None:
+            raise RuntimeError(f"node {job.node_rank}: could not create the shared {tag}: {err}")
+        if seg is None:
+            path, e0 = next((p, e) for (n, lr, p, e) in names if n == job.node_rank and lr == 0)
+            if not path:
+                raise RuntimeError(f"node {job.node_rank}: local rank 0 created no shared {tag}: {e0}")
+            seg = SharedSegment(path, nbytes, create=False)
+    finally:
+        job.barrier()  # everyone has mapped it (or failed) ...
+        if seg is not None and seg.owner:
+            seg.unlink()  # ... so the name can go: nothing is left behind if the job dies
+    return seg
 
 
-class SharedFollowerBuffer:
-    """A non-owner local rank's view of the shared buffer: the :class:`PartitionBuffer` interface
-    (``require``, ``gather``, ``stats``, ``part_of``, ...) without slots of its own.
-
-    ``gather`` copies rows of resident partitions from the segment and reads the others from disk
-    (counted as misses, like the owner's).  It never loads partitions: ``bytes_read`` counts only
-    its miss reads.
-
-    Args:
-        features: the on-disk feature array (this machine's dataset copy).
-        offsets: int64 [P+1]; capacity: the owner's slot count.
-        table: the segment's :class:`SlotTable`; local_rank: this rank's index in it (>= 1).
-        timeout_s: how long to wait for the owner before raising :class:`PeerError`.
+def shared_array(job: "Job", tag: str, shape: tuple[int, ...], dtype: np.dtype | type,
+                 fill: Callable[[np.ndarray], None]) -> np.ndarray:
+    """An array of ``shape``/``dtype`` filled by ``fill(out)``: with several local ranks one copy per
+    machine in shared memory (filled by local rank 0, read-only by convention for all), otherwise a
+    private array.  Every rank calls this at the same point.
     """
-
-    shared = True
-
-    def __init__(self, features: RawArray, offsets: np.ndarray, capacity: int, table: SlotTable,
-                 local_rank: int, timeout_s: float = 60.0) -> None:
-        self.features = features
-        self.offsets = np.asarray(offsets, dtype=np.int64)
-        self.num_parts = self.offsets.shape[0] - 1
-        self.capacity = capacity
-        self.slot_rows = table.slot_rows
-        self.table = table
-        self.local_rank = local_rank
-        self.timeout_s = timeout_s
-        self.ticket = 0
-        self.stats = BufferStats()
-        table.check()
-        table.pid[local_rank] = os.getpid()
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the shared slot array (the same memory as the owner's)."""
-        return int(self.table.slots.nbytes)
-
-    @property
-    def slot_of(self) -> np.ndarray:
-        return self.table.slot_of
-
-    def part_of(self, ids: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self.offsets, ids, side="right") - 1
-
-    def resident(self) -> list[int]:
-        return [int(p) for p in np.flatnonzero(self.table.slot_of >= 0)]
-
-    def reset_stats(self) -> BufferStats:
-        old, self.stats = self.stats, BufferStats()
-        return old
-
-    def require(self, parts: list[int], upcoming: list[int] | None = None) -> None:
-        """Announce that the previous batch is done, then wait until the owner has made this
-        batch's partitions resident (the owner decides which; ``parts`` are the same on all ranks)."""
-        t = self.ticket + 1
-        self.table.done[self.local_rank] = t - 1
-        ready = self.table.ready
-        t0 = time.perf_counter()
-        self.table.wait(lambda: int(ready[0]) >= t, f"waiting for local rank 0 to load batch {t}",
-                        [0], self.timeout_s)
-        self.stats.io_wait_s += time.perf_counter() - t0
-        self.ticket = t
-
-    def gather(self, ids: np.ndarray) -> np.ndarray:
-        """Rows ``features[ids]`` ([n, *row] in the feature dtype): from the shared slots where
-        the slot was stable during the copy, otherwise read from disk."""
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        out = np.empty((ids.shape[0], *self.features.shape[1:]), dtype=self.features.dtype)
-        used = np.empty(ids.shape[0], dtype=np.int64)
-        gen0 = self.table.gen.copy()
-        _gather_shared(ids, self.offsets, self.table.slot_of, gen0, self.slot_rows,
-                       _as_uint_rows(self.table.slots), _as_uint_rows(out), used)
-        gen1 = self.table.gen.copy()
-        miss = used < 0
-        changed = np.flatnonzero(gen1 != gen0)
-        if changed.shape[0]:
-            miss |= np.isin(used, changed)
-        hits = int(ids.shape[0] - miss.sum())
-        self.stats.row_hits += hits
-        if hits < ids.shape[0]:
-            pos = np.flatnonzero(miss)
-            rows, nbytes = self.features.gather(ids[pos])
-            out[pos] = rows
-            self.stats.row_misses += int(pos.shape[0])
-            self.stats.bytes_read += nbytes
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if job.local_world_size <= 1:
+        out = np.empty(shape, dtype=dtype)
+        fill(out)
         return out
-
-    def drain(self) -> None:
-        """Nothing in flight here (the owner loads)."""
-
-    def close(self) -> None:
-        """Announce the last batch done (the owner may evict freely afterwards)."""
-        self.table.done[self.local_rank] = self.ticket
+    seg = shared_segment(job, tag, max(nbytes, 1), lambda s: fill(s.view(0, shape, dtype)))
+    arr = seg.view(0, shape, dtype)
+    arr.flags.writeable = False
+    return arr
 
 
 def memory_of(pid: int | None = None) -> dict[str, int]:

@@ -310,6 +310,25 @@ class CachedFeature:
                    self._newer, self._older, self._bit, self._meta)
         return out, int(nb)
 
+    def peek(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Cached rows of ``ids`` without reading or admitting the others.
+
+        Returns:
+            ``(rows [n, *row_shape] (rows not cached are undefined), found bool [n])``; the hits
+            count in :attr:`stats` (and update the policy), the misses do not.
+        """
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        n = ids.shape[0]
+        out = np.empty((n, *self.shape[1:]), dtype=self.dtype)
+        found = np.zeros(n, dtype=np.bool_)
+        if n == 0 or self.capacity == 0:
+            return out, found
+        flat = out.reshape(n, -1).view(np.uint8).reshape(n, self.row_bytes)
+        hits = _lookup(self._pid, ids, self._hkeys, self._hvals, self._data, self._newer,
+                       self._older, self._bit, self._meta, flat, found)
+        self.stats.hits += int(hits)
+        return out, found
+
     def contains(self, ids: np.ndarray) -> np.ndarray:
         """bool [n]: which ids are cached now (no policy update)."""
         mask = self._hkeys.shape[0] - 1

@@ -30,16 +30,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from ooc.loader import BatchLoader
+if TYPE_CHECKING:  # pragma: no cover
+    from ooc.sampling.samplers import Sampler
 
 __all__ = ["DeviceFeatureCache", "CacheSplit", "select_hot_nodes", "out_degrees", "access_counts",
-           "build_device_cache"]
+           "hot_nodes"]
 
 log = logging.getLogger("ooc.features.device")
 
@@ -53,20 +53,18 @@ def out_degrees(indices: np.ndarray, num_nodes: int, chunk: int = 1 << 24) -> np
     return deg
 
 
-def access_counts(loader: "BatchLoader", batches: list[np.ndarray], epoch: int, num_nodes: int,
-                  fanouts: list[int] | None = None) -> np.ndarray:
+def access_counts(sampler: "Sampler", batches: list[np.ndarray], keys: list[int], seed: int,
+                  epoch: int, num_nodes: int) -> np.ndarray:
     """int64 [N]: how often each node is an input node of ``batches`` (GNNLab's pre-sampling).
 
-    Sampling only (no features are read); batch ``i`` uses the key of (seed, ``epoch``, ``i``),
-    exactly as training does.
+    Sampling only (no features are read); batch ``i`` uses the key of (seed, ``epoch``,
+    ``keys[i]``), exactly as training does over the full graph.
     """
     from ooc.kernels.rng import batch_key
-    from ooc.kernels.sampling import sample_blocks
     counts = np.zeros(num_nodes, dtype=np.int64)
-    for i, seeds in enumerate(batches):
-        sg = sample_blocks(loader.indptr, loader.indices, seeds, fanouts or loader.fanouts,
-                           batch_key(loader.seed, epoch, i), loader.replace)
-        counts += np.bincount(sg.input_nodes, minlength=num_nodes)
+    for seeds, k in zip(batches, keys):
+        counts += np.bincount(sampler.sample(seeds, batch_key(seed, epoch, k)).input_nodes,
+                              minlength=num_nodes)
     return counts
 
 
@@ -107,7 +105,7 @@ class CacheSplit:
         out = torch.empty((self.n, cache.dim), dtype=torch.float32, device=device)
         if self.miss_pos.shape[0]:
             out.index_copy_(0, self.miss_pos.to(device, non_blocking=nb),
-                            x_miss.to(device, non_blocking=nb))
+                            x_miss.to(device, non_blocking=nb).float())
         if self.hit_pos.shape[0]:
             out.index_copy_(0, self.hit_pos.to(device, non_blocking=nb),
                             cache.rows.index_select(0, self.cache_rows.to(device, non_blocking=nb)))
@@ -151,35 +149,31 @@ class DeviceFeatureCache:
         return int(self.ids.shape[0])
 
     @classmethod
-    def fill(cls, loader: "BatchLoader", ids: np.ndarray, num_nodes: int, device: torch.device,
-             policy: str, chunk_rows: int = 1 << 16) -> "DeviceFeatureCache":
-        """Read the rows of ``ids`` from disk (``loader.buffer.features``), normalise them as the
-        loader does, and copy them to ``device`` chunk by chunk (bounded host memory)."""
+    def fill(cls, rows: Callable[[np.ndarray], torch.Tensor], ids: np.ndarray, num_nodes: int,
+             device: torch.device, policy: str, chunk_rows: int = 1 << 16) -> "DeviceFeatureCache":
+        """Fill with ``rows(ids)`` (float32 [n, D] as the loader produces them, normalised) chunk
+        by chunk onto ``device`` (bounded host memory)."""
         ids = np.asarray(ids, dtype=np.int64)
-        feats = loader.buffer.features
-        dim = int(np.prod(feats.shape[1:], dtype=np.int64))
-        rows = torch.empty((ids.shape[0], dim), dtype=torch.float32, device=device)
+        first = rows(ids[:1]) if ids.shape[0] else None
+        dim = int(first.shape[1]) if first is not None else 0
+        out = torch.empty((ids.shape[0], dim), dtype=torch.float32, device=device)
         for i in range(0, ids.shape[0], chunk_rows):
-            part, _ = feats.gather(ids[i:i + chunk_rows])
-            x = loader.normalise(torch.from_numpy(np.ascontiguousarray(part)).float())
-            rows[i:i + x.shape[0]].copy_(x.reshape(x.shape[0], dim))
-        return cls(ids, rows, num_nodes, device, policy)
+            x = rows(ids[i:i + chunk_rows])
+            out[i:i + x.shape[0]].copy_(x.reshape(x.shape[0], dim))
+        return cls(ids, out, num_nodes, device, policy)
 
-    def split_gather(self, loader: "BatchLoader", nodes: np.ndarray) -> tuple[torch.Tensor, CacheSplit]:
-        """Split ``nodes`` (int64 [n]) into cache hits and misses and gather the misses through the
-        loader's buffer.  Returns ``(x_miss float32 [n - h, D] (pinned on CUDA), split)``."""
+    def split(self, nodes: np.ndarray) -> tuple[np.ndarray, CacheSplit]:
+        """Split ``nodes`` (int64 [n]) into cache hits and misses: ``(miss positions int64 [n - h],
+        split)``; the caller gathers the misses' rows from the host tiers in that order."""
         pos = self.pos_of[nodes]
         hit = pos >= 0
         hit_pos = np.flatnonzero(hit)
         miss_pos = np.flatnonzero(~hit)
-        x_miss = loader.host_features(nodes[miss_pos])
-        if self.pin and x_miss.numel():
-            x_miss = x_miss.pin_memory()
         self.hits += int(hit_pos.shape[0])
         self.lookups += int(nodes.shape[0])
-        return x_miss, CacheSplit(int(nodes.shape[0]), torch.from_numpy(hit_pos),
-                                  torch.from_numpy(pos[hit_pos].astype(np.int64)),
-                                  torch.from_numpy(miss_pos), self)
+        return miss_pos, CacheSplit(int(nodes.shape[0]), torch.from_numpy(hit_pos),
+                                    torch.from_numpy(pos[hit_pos].astype(np.int64)),
+                                    torch.from_numpy(miss_pos), self)
 
     def reset_stats(self) -> dict[str, Any]:
         """Counters since the last reset: ``device_cache_hit_ratio`` (cached / all input rows),
@@ -194,35 +188,22 @@ class DeviceFeatureCache:
                 "device_cache_bytes": self.nbytes, "device_cache_device": str(self.device)}
 
 
-def build_device_cache(cfg: Any, task: Any, device: torch.device) -> DeviceFeatureCache | None:
-    """The cache ``cfg.device_cache`` (bytes, e.g. ``"8GB"``; empty = none) asks for, filled by
-    ``cfg.device_cache_policy`` and attached to the task's loader.
-
-    Presampling uses the task's epoch-0 plan (under data parallelism: this rank's slices).
+def hot_nodes(policy: str, budget_bytes: int, dim: int, num_nodes: int,
+              indices: np.ndarray | None, counts: Callable[[], np.ndarray]) -> np.ndarray:
+    """The node ids a ``budget_bytes`` cache of float32 rows of width ``dim`` holds under ``policy``:
+    ``degree`` (highest out-degree, from the CSC ``indices``) or ``presample`` (``counts()``).
 
     Raises:
-        ValueError: unparseable size or unknown policy.
+        ValueError: unknown policy, or ``degree`` without ``indices`` in memory.
     """
-    if not getattr(cfg, "device_cache", ""):
-        return None
-    from ooc.util.sizes import parse_bytes
-    budget = parse_bytes(cfg.device_cache)
-    loader = task.data.loader
-    feats = loader.buffer.features
-    n = int(feats.shape[0])
-    dim = int(np.prod(feats.shape[1:], dtype=np.int64))
-    k = min(n, budget // (4 * dim))
-    t0 = time.perf_counter()
-    if cfg.device_cache_policy == "degree":
-        score = out_degrees(loader.indices, n)
-    elif cfg.device_cache_policy == "presample":
-        score = access_counts(loader, task.plan(0).batches, 0, n)
+    k = min(num_nodes, budget_bytes // (4 * max(dim, 1)))
+    if policy == "degree":
+        if indices is None:
+            raise ValueError("--device-cache-policy degree counts out-degrees over the topology; "
+                             "with --topology disk use --device-cache-policy presample")
+        score = out_degrees(indices, num_nodes)
+    elif policy == "presample":
+        score = counts()
     else:
-        raise ValueError(f"device cache policy must be degree or presample, got "
-                         f"{cfg.device_cache_policy!r}")
-    ids = select_hot_nodes(score, k)
-    cache = DeviceFeatureCache.fill(loader, ids, n, device, cfg.device_cache_policy)
-    loader.device_cache = cache
-    log.info("device cache on %s: %d of %d rows (%.1f MiB, %s) filled in %.2f s", device, k, n,
-             cache.nbytes / 2**20, cfg.device_cache_policy, time.perf_counter() - t0)
-    return cache
+        raise ValueError(f"device cache policy must be degree or presample, got {policy!r}")
+    return select_hot_nodes(score, k)

@@ -9,6 +9,8 @@ approximation of those rows only.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from ooc.compress import PQ_GROUP
@@ -21,7 +23,7 @@ __all__ = ["CompressedRows", "pq_bytes", "open_compressed"]
 class CompressedRows:
     """``gather(ids) -> (rows, 0)``: rows decoded from PQ codes in memory (no disk request).
 
-    A drop-in fallback for :class:`~ooc.engine.BufferManager` (the tiers compose like GraphBolt's
+    The decoding tier behind :class:`~ooc.features.tiers.MissRows` (the tiers compose like GraphBolt's
     feature wrappers).  Rows come out in ``dtype`` (the stored feature dtype).
 
     Args:
@@ -65,8 +67,12 @@ def pq_bytes(ds: Dataset) -> int:
     return total
 
 
-def open_compressed(ds: Dataset) -> CompressedRows:
+def open_compressed(ds: Dataset, alloc: Callable[..., np.ndarray] | None = None) -> CompressedRows:
     """Load the dataset's PQ codes into memory.
+
+    Args:
+        alloc: ``alloc(shape, dtype, fill) -> array`` for the codes (e.g.
+            :func:`ooc.data.shared.shared_array`, one copy per machine); default a private array.
 
     Raises:
         DatasetError: the dataset has no codes (run ``ooc compress`` first), or they do not match
@@ -77,7 +83,11 @@ def open_compressed(ds: Dataset) -> CompressedRows:
     if not ds.has(f"{PQ_GROUP}/codes"):
         raise DatasetError(f"{ds.path}: no PQ codes (run `ooc compress {ds.path} --subspaces M` "
                            "first, or train with --miss-features disk)")
-    codes = ds.raw(f"{PQ_GROUP}/codes").read_all()
+    raw = ds.raw(f"{PQ_GROUP}/codes")
+    if alloc is None:
+        codes = raw.read_all()
+    else:
+        codes = alloc(tuple(raw.shape), raw.dtype, lambda o: raw.read(0, raw.shape[0], o))
     cents = ds.raw(f"{PQ_GROUP}/centroids").read_all()
     bounds = ds.raw(f"{PQ_GROUP}/bounds").read_all()
     if codes.shape[0] != ds.num_nodes or int(bounds[-1]) != ds.feat_dim or \

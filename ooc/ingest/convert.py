@@ -344,7 +344,7 @@ class _Job:
                            [c for _, c in opts.node_types])
             self.w.write_array("node_type", nt)
         if opts.partitions:
-            from ooc.buffer import contiguous_partitions
+            from ooc.kernels.partition import contiguous_partitions
             self.w.write_array("partition_offsets", contiguous_partitions(n, opts.partitions))
         env = getattr(self, "_str_env", None)
         if env is not None:

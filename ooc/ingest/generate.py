@@ -157,7 +157,7 @@ def generate_rmat(out: str | Path, num_nodes: int, num_edges: int, feat_dim: int
             w.write_array(name, np.concatenate(split_ids[k]) if split_ids[k] else
                           np.empty(0, dtype=np.int64))
         if partitions:
-            from ooc.buffer import contiguous_partitions
+            from ooc.kernels.partition import contiguous_partitions
             w.write_array("partition_offsets", contiguous_partitions(num_nodes, partitions))
         shutil.rmtree(work, ignore_errors=True)
         man = {"name": Path(out).name, "num_nodes": int(num_nodes), "num_classes": int(num_classes),

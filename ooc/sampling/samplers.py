@@ -2,7 +2,7 @@
 
 The sampler/loader split follows PyG (``BaseSampler.sample_from_nodes``): a sampler turns seeds into a
 :class:`~ooc.kernels.sampling.MiniBatch` (per-layer MFGs, input layer first, seeds first in every layer's
-source nodes); the loader (:mod:`ooc.loader`) only orchestrates.  Families:
+source nodes); the data path (:mod:`ooc.data.path`) and its loader only orchestrate.  Families:
 
 ==================  ===============================================  ===========================
 ``neighbor``        node-wise, uniform or edge-weighted, +-replacement  GraphSAGE (Hamilton, NeurIPS'17)
@@ -21,33 +21,51 @@ successive calls give different samples.
 
 from __future__ import annotations
 
+import abc
+import copy
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from ooc.kernels.disk_sampling import sample_blocks_lists
 from ooc.kernels.graph import build_csr
 from ooc.kernels.layerwise import ladies_sample
 from ooc.kernels.linkpred import degree_cdf, negative_destinations
 from ooc.kernels.rng import batch_key, mix_key_py
 from ooc.kernels.sampling import (Block, MiniBatch, edge_weight_cdf, excluded_edge_keys,
                                   neighbor_sample, unique_seeds)
+from ooc.storage.io import NeighborReader
 from ooc.kernels.subgraph import (accumulate_counts, bfs_clusters, cluster_members, induced_subgraph,
                                   random_walk_nodes, uniform_roots)
 
 __all__ = ["Sampler", "NeighborSampler", "LaborSampler", "LadiesSampler", "ClusterGCNSampler",
-           "SaintRWSampler", "LinkSampler", "make_sampler", "SAMPLERS"]
+           "SaintRWSampler", "LinkSampler", "make_sampler", "partition_clusters", "check_sampler", "SAMPLERS"]
 
 SAMPLERS = ("neighbor", "labor", "ladies", "cluster", "saint")
 
 
-class Sampler:
-    """Base class: holds the CSC graph and a key stream; subclasses implement :meth:`_sample`.
+class Sampler(abc.ABC):
+    """The sampler contract: holds a CSC graph and a key stream; subclasses implement :meth:`_sample`.
+
+    Every sampler of ooc -- node-wise (uniform, weighted, LABOR; in memory or over neighbour lists
+    read from disk), LADIES, ClusterGCN, GraphSAINT -- is one of these, and the training data path
+    (:mod:`ooc.data.path`) uses only this interface: :meth:`sample` for a batch, :meth:`plan_batches`
+    for samplers that choose their own batches, :meth:`on` to sample the resident subgraph of a
+    buffer state (``--mode buffer``).
 
     Args:
         indptr: int64 [N+1] CSC offsets; indices: int32|int64 [E] in-neighbour ids (sorted per node).
         seed: seed of the key stream used when ``sample`` gets no key.
+
+    Attributes:
+        buffer_mode: sampling inside the resident partitions is meaningful for this sampler
+            (:meth:`on` works); see :func:`check_sampler`.
+        excludes: :meth:`sample` accepts edges to exclude (link prediction's seed edges).
     """
+
+    buffer_mode = True
+    excludes = False
 
     def __init__(self, indptr: np.ndarray, indices: np.ndarray, seed: int = 0) -> None:
         self.indptr = indptr
@@ -66,26 +84,52 @@ class Sampler:
         self._calls += 1
         return k
 
-    def sample(self, seeds: np.ndarray, key: int | np.uint64 | None = None) -> MiniBatch:
+    def sample(self, seeds: np.ndarray, key: int | np.uint64 | None = None,
+               exclude: np.ndarray | None = None) -> MiniBatch:
         """Sample a mini-batch around ``seeds`` (int [B] node ids).
 
         Args:
             seeds: output nodes (node-/layer-wise) or batch roots / members (subgraph samplers).
             key: uint64 stream key; ``None`` = the next key of the sampler's stream.
+            exclude: sorted edge keys (:func:`~ooc.kernels.sampling.excluded_edge_keys`) never
+                sampled (node-wise samplers over an in-memory graph only).
 
         Raises:
-            ValueError: a seed is outside ``[0, N)``.
+            ValueError: a seed is outside ``[0, N)``, or ``exclude`` where it is not supported.
         """
-        return self._sample(np.asarray(seeds, dtype=np.int64), self.next_key() if key is None
-                            else np.uint64(key))
+        k = self.next_key() if key is None else np.uint64(key)
+        s = np.asarray(seeds, dtype=np.int64)
+        if exclude is None:
+            return self._sample(s, k)
+        if not self.excludes:
+            raise ValueError(f"{type(self).__name__} cannot exclude edges from its sample")
+        return self._sample(s, k, exclude)
 
-    def _sample(self, seeds: np.ndarray, key: np.uint64) -> MiniBatch:  # pragma: no cover
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _sample(self, seeds: np.ndarray, key: np.uint64, exclude: np.ndarray | None = None
+                ) -> MiniBatch:
+        """The sample of ``seeds`` (validated int64) with stream ``key``."""
 
     def plan_batches(self, train_ids: np.ndarray, batch_size: int, seed: int,
                      epoch: int) -> list[np.ndarray] | None:
         """Seed batches of one epoch, or ``None`` for the loader's default plan (shuffled seeds)."""
         return None
+
+    def on(self, indptr: np.ndarray, indices: np.ndarray,
+           local_to_global: np.ndarray | None = None) -> "Sampler":
+        """The same sampler (options, key stream) over another graph: the resident subgraph of a
+        buffer state, in state-local ids (``local_to_global[i]``: global id of local node ``i``,
+        -1 for an unused row).
+
+        Raises:
+            ValueError: the sampler cannot sample a subgraph (``buffer_mode`` False).
+        """
+        if not self.buffer_mode:
+            raise ValueError(f"{type(self).__name__} cannot sample inside the resident partitions")
+        out = copy.copy(self)
+        out.indptr, out.indices = indptr, indices
+        out.num_nodes = int(indptr.shape[0] - 1)
+        return out
 
 
 class NeighborSampler(Sampler):
@@ -106,10 +150,18 @@ class NeighborSampler(Sampler):
     """
 
     labor = False
+    excludes = True
 
-    def __init__(self, indptr: np.ndarray, indices: np.ndarray, fanouts: list[int],
+    def __init__(self, indptr: np.ndarray, indices: np.ndarray | None, fanouts: list[int],
                  replace: bool = False, weights: np.ndarray | None = None, direction: str = "in",
-                 seed: int = 0) -> None:
+                 seed: int = 0, reader: NeighborReader | None = None) -> None:
+        if indices is None and reader is None:
+            raise ValueError("a NeighborSampler needs indices or a neighbour-list reader")
+        if reader is not None and (weights is not None or direction != "in" or self.labor):
+            raise ValueError("sampling over neighbour lists read from disk is uniform node-wise "
+                             "sampling of in-neighbours only (--topology disk); use --topology "
+                             "memory or mmap for weighted, LABOR or out-neighbour sampling")
+        self.reader = reader
         if direction not in ("in", "out"):
             raise ValueError(f"direction must be 'in' or 'out', got {direction!r}")
         fo = [int(f) for f in fanouts]
@@ -138,9 +190,23 @@ class NeighborSampler(Sampler):
 
     def _sample(self, seeds: np.ndarray, key: np.uint64, exclude: np.ndarray | None = None
                 ) -> MiniBatch:
+        if self.reader is not None:
+            if exclude is not None:
+                raise ValueError("edge exclusion needs the topology in memory or mapped")
+            return sample_blocks_lists(self.reader.read, self.num_nodes, seeds, self.fanouts, key,
+                                       self.replace)
         return neighbor_sample(self.indptr, self.indices, seeds, self.fanouts, key,
                                replace=self.replace, cumw=self.cumw, npos=self.npos,
                                exclude=exclude, labor=self.labor)
+
+    def on(self, indptr: np.ndarray, indices: np.ndarray,
+           local_to_global: np.ndarray | None = None) -> "NeighborSampler":
+        if self.cumw is not None or self.direction != "in":
+            raise ValueError("weighted and out-neighbour sampling cannot run inside the resident "
+                             "partitions")
+        out = super().on(indptr, indices, local_to_global)
+        out.reader = None
+        return out  # type: ignore[return-value]
 
 
 class LaborSampler(NeighborSampler):
@@ -152,6 +218,7 @@ class LaborSampler(NeighborSampler):
     """
 
     labor = True
+    excludes = False
 
     def __init__(self, indptr: np.ndarray, indices: np.ndarray, fanouts: list[int],
                  direction: str = "in", seed: int = 0) -> None:
@@ -234,6 +301,17 @@ class ClusterGCNSampler(Sampler):
         return _subgraph_batch(self.indptr, self.indices, useeds, other, self.num_layers,
                                positions=positions)
 
+    def on(self, indptr: np.ndarray, indices: np.ndarray,
+           local_to_global: np.ndarray | None = None) -> "ClusterGCNSampler":
+        """The same clusters over a resident subgraph (clusters must lie inside partitions, see
+        :func:`partition_clusters`; rows without a node form one unused cluster)."""
+        out = super().on(indptr, indices, local_to_global)
+        if local_to_global is not None:
+            l2g = np.asarray(local_to_global, dtype=np.int64)
+            out.cluster_of = np.where(l2g >= 0, self.cluster_of[np.maximum(l2g, 0)], self.num_clusters)
+            out.members_ptr, out.members = cluster_members(out.cluster_of)
+        return out  # type: ignore[return-value]
+
     def plan_batches(self, train_ids: np.ndarray, batch_size: int, seed: int,
                      epoch: int) -> list[np.ndarray]:
         rng = np.random.default_rng([seed, epoch, 0xC6C])
@@ -246,6 +324,28 @@ class ClusterGCNSampler(Sampler):
             if sel.any():
                 out.append(tr[sel])
         return out
+
+
+def partition_clusters(indptr: np.ndarray, indices: np.ndarray, offsets: np.ndarray,
+                       num_clusters: int, seed: int = 0) -> np.ndarray:
+    """ClusterGCN clusters that lie inside partitions (buffer / hybrid mode): partition ``p`` (ids
+    ``offsets[p]:offsets[p+1]``) is split by BFS region growing over its induced subgraph into
+    ``max(1, round(num_clusters * |p| / N))`` clusters, about ``num_clusters`` in all.
+
+    Returns:
+        int64 [N] cluster ids, dense, numbered partition by partition.
+    """
+    n = indptr.shape[0] - 1
+    out = np.empty(n, dtype=np.int64)
+    base = 0
+    for p in range(offsets.shape[0] - 1):
+        a, b = int(offsets[p]), int(offsets[p + 1])
+        nodes = np.arange(a, b, dtype=np.int64)
+        k = int(min(b - a, max(1, round(num_clusters * (b - a) / max(n, 1)))))
+        ptr, src, _ = induced_subgraph(indptr, indices, nodes)
+        out[a:b] = base + bfs_clusters(ptr, src, k, seed + p)
+        base = int(out[a:b].max()) + 1
+    return out
 
 
 class SaintRWSampler(Sampler):
@@ -263,7 +363,12 @@ class SaintRWSampler(Sampler):
         num_layers: MFG count; train_ids: int64 training nodes (output candidates and roots);
         walk_length: steps per walk; batch_size: roots per pre-sampled subgraph;
         coverage / num_presample: pre-sampling budget; seed: key stream and pre-sampling seed.
+
+    Not in ``--mode buffer``: the normalisation is estimated over walks on the whole graph, and
+    walks confined to the resident partitions would not follow it.
     """
+
+    buffer_mode = False
 
     def __init__(self, indptr: np.ndarray, indices: np.ndarray, num_layers: int,
                  train_ids: np.ndarray, walk_length: int = 2, batch_size: int = 256,
@@ -400,32 +505,76 @@ class LinkSampler:
         return mb
 
 
-def make_sampler(name: str, indptr: np.ndarray, indices: np.ndarray, fanouts: list[int], *,
+def check_sampler(name: str, mode: str, topology: str, task: str = "node") -> None:
+    """Refuse a sampler in a combination where it cannot work, saying why.
+
+    The rule: ``exact`` mode works with every sampler; ``buffer`` and ``hybrid`` with every sampler
+    whose batches can be formed from the resident partitions -- node-wise, LABOR and LADIES (seeds
+    of the resident partitions; ``buffer`` samples their resident subgraph), ClusterGCN (clusters
+    split at partition boundaries, a batch's clusters all resident) -- and GraphSAINT in ``hybrid``
+    only (its normalisation comes from walks over the whole graph).  With ``--topology disk`` the
+    full-graph samplers read neighbour lists from disk, which only the node-wise uniform sampler
+    does; ClusterGCN and GraphSAINT always need the whole topology (clustering, pre-sampling).
+    Link prediction needs the node-wise sampler (it removes the batch's seed edges from the MFGs).
+
+    Raises:
+        ValueError: naming the option and the reason.
+    """
+    if name not in SAMPLERS:
+        raise ValueError(f"unknown sampler {name!r} (choose from {', '.join(SAMPLERS)})")
+    if task == "link" and name != "neighbor":
+        raise ValueError(f"--task link samples each batch's MFGs with its seed edges removed, which "
+                         f"only --sampler neighbor does (got --sampler {name})")
+    if name == "saint" and mode == "buffer":
+        raise ValueError("--sampler saint with --mode buffer: GraphSAINT's normalisation is "
+                         "estimated over walks on the whole graph, and walks confined to the resident "
+                         "partitions would not follow it; use --mode hybrid or exact")
+    if topology == "disk":
+        if name in ("cluster", "saint"):
+            raise ValueError(f"--sampler {name} needs the whole topology in memory or mapped "
+                             "(clustering / pre-sampling walk it): use --topology memory or mmap")
+        if name in ("labor", "ladies") and mode != "buffer":
+            raise ValueError(f"--sampler {name} with --topology disk: only the node-wise neighbor "
+                             "sampler reads neighbour lists from disk; use --topology mmap (the "
+                             "lists are paged in by the kernel) or --mode buffer (the resident "
+                             "subgraph is in memory)")
+
+
+def make_sampler(name: str, indptr: np.ndarray, indices: np.ndarray | None, fanouts: list[int], *,
                  train_ids: np.ndarray | None = None, replace: bool = False, batch_size: int = 256,
                  layer_size: int = 512, num_clusters: int = 32, clusters_per_batch: int = 4,
-                 walk_length: int = 2, saint_coverage: float = 50.0, seed: int = 0) -> Sampler:
+                 walk_length: int = 2, saint_coverage: float = 50.0, seed: int = 0,
+                 reader: NeighborReader | None = None,
+                 cluster_of: np.ndarray | None = None) -> Sampler:
     """Build a sampler by name (``ooc train --sampler``); the model has ``len(fanouts)`` layers.
 
     Args:
         name: one of :data:`SAMPLERS`.
+        indptr, indices: the CSC graph (``indices`` None with ``reader``: lists read from disk).
         fanouts: neighbour/labor fanouts per layer (output layer first); the layer count for others.
         train_ids: training nodes (GraphSAINT's roots and output nodes).
         layer_size: LADIES nodes per layer; num_clusters / clusters_per_batch: ClusterGCN;
         walk_length / saint_coverage: GraphSAINT; batch_size: GraphSAINT roots per pre-sample.
+        reader: neighbour-list reader (``--topology disk``; node-wise sampling only).
+        cluster_of: ClusterGCN's clusters (default: BFS region growing on the graph).
 
     Raises:
-        ValueError: unknown name or missing ``train_ids`` for ``saint``.
+        ValueError: unknown name, missing ``train_ids`` for ``saint``, or a sampler that needs
+            ``indices`` given only a reader.
     """
     L = len(fanouts)
     if name == "neighbor":
-        return NeighborSampler(indptr, indices, fanouts, replace=replace, seed=seed)
+        return NeighborSampler(indptr, indices, fanouts, replace=replace, seed=seed, reader=reader)
+    if indices is None:
+        raise ValueError(f"--sampler {name} needs the topology in memory or mapped")
     if name == "labor":
         return LaborSampler(indptr, indices, fanouts, seed=seed)
     if name == "ladies":
         return LadiesSampler(indptr, indices, [layer_size] * L, seed=seed)
     if name == "cluster":
         n = indptr.shape[0] - 1
-        return ClusterGCNSampler(indptr, indices, L, min(num_clusters, n), clusters_per_batch, seed=seed)
+        return ClusterGCNSampler(indptr, indices, L, min(num_clusters, n), clusters_per_batch,
+                                 cluster_of=cluster_of, seed=seed)
     if name == "saint":
         if train_ids is None:
             raise ValueError("the saint sampler needs train_ids")

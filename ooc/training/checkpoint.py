@@ -28,7 +28,7 @@ def rng_state() -> dict:
     torch CPU and (when present) every CUDA device.  Only tensors and plain values, so it survives a
     ``weights_only`` load.  (The samplers need none: their draws are keyed by seed, epoch and batch.)"""
     py = random.getstate()
-    np_state = np.random.get_state(legacy=False)
+    np_state = np.random.get_state(False)  # the dict form
     st = {
         "python": [py[0], list(py[1]), py[2]],
         "numpy": {"bit_generator": np_state["bit_generator"],

@@ -34,13 +34,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ooc.kernels.sampling import sample_blocks
 from ooc.models import GNN, to_torch_blocks
 from ooc.storage.rawarray import RawArray, RawArrayWriter, write_group_metadata
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # pragma: no cover
     from ooc.config import TrainConfig
-    from ooc.train import DataPath, NodeTask
+    from ooc.data.path import DataPath
+    from ooc.tasks.node import NodeTask
 
 __all__ = ["layerwise_inference", "LayerOutput", "evaluate_node_layerwise", "load_run",
            "eval_run", "predict_run", "write_rows_in_original_order"]
@@ -106,11 +106,11 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
     """
     model.eval()
     device = torch.device(device)
-    n = int(data.indptr.shape[0] - 1)
+    n = data.num_nodes
     L = model.num_layers
     keep = tuple(range(max(L - 2, 0), L)) if keep is None else tuple(keep)
-    loader, buffer = data.loader, data.buffer
-    sampler = getattr(loader, "sampler", None)
+    sampler = data.eval_sampler([-1])
+    degrees = data.graph.degrees
     offsets = np.asarray(data.offsets, dtype=np.int64)
     num_parts = offsets.shape[0] - 1
     widest = max(model.dims[1:]) * 4 * n
@@ -136,19 +136,24 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
                 writer, mem = None, np.empty((n, width), dtype=np.float32)
             for p in range(num_parts):
                 a, b = int(offsets[p]), int(offsets[p + 1])
-                if i == 0:
-                    buffer.require([p], [q for q in range(p + 1, min(p + 1 + buffer.capacity, num_parts))])
+                # layer 0: the partition's rows in one sequential read unless resident (the buffer
+                # is not moved: a shared buffer's other ranks may be reading it)
+                window = data.partition_rows(p) if i == 0 else None
                 for s in range(a, b, batch_size):
                     e = min(s + batch_size, b)
                     dst = np.arange(s, e, dtype=np.int64)
-                    if sampler is not None:  # engine data path: also reads lists from disk
-                        sg = sampler.sample(dst, [-1], np.uint64(0), False)
-                    else:
-                        sg = sample_blocks(data.indptr, data.indices, dst, [-1], key=0)
-                    block = to_torch_blocks(sg, data.degrees)[0]
+                    sg = sampler.sample(dst, 0)  # all neighbours: no randomness
+                    block = to_torch_blocks(sg, degrees)[0]
                     ids = sg.nodes[: block.num_src]
-                    if i == 0:
-                        h = loader.features(ids)
+                    if i == 0 and window is None:
+                        h = data.features(ids)
+                    elif i == 0:
+                        inside = (ids >= a) & (ids < b)
+                        raw = np.empty((ids.shape[0], *window.shape[1:]), dtype=window.dtype)
+                        raw[inside] = window[ids[inside] - a]
+                        if not inside.all():
+                            raw[~inside] = data.buffer.gather(ids[~inside])[0]
+                        h = data.to_input(raw)
                     else:
                         h = torch.from_numpy(np.ascontiguousarray(prev.gather(ids)))  # type: ignore[union-attr]
                     if device.type != "cpu":
@@ -195,7 +200,7 @@ def evaluate_node_layerwise(model: GNN, task: "NodeTask", device: torch.device |
                                keep=(model.num_layers - 1,))
     logits = outs[model.num_layers - 1]
     labels = task.ds.labels
-    from ooc.train import node_loss_sum
+    from ooc.tasks.node import node_loss_sum
     res = {}
     for k, ids in (("val_acc", task.val_ids), ("test_acc", task.test_ids)):
         res[k] = _node_scores(logits.gather(ids), labels, ids, task.multilabel)
@@ -222,7 +227,7 @@ def load_run(run: str | os.PathLike, dataset: str | None = None,
     from ooc.training.checkpoint import load_checkpoint
     from ooc.config import TrainConfig
     from ooc.storage.dataset import Dataset
-    from ooc.train import make_model, make_task, resolve_device
+    from ooc.training.loop import make_model, make_task, resolve_device
     run = Path(run)
     conf = run / "config.yaml"
     if not conf.exists():
@@ -243,8 +248,7 @@ def load_run(run: str | os.PathLike, dataset: str | None = None,
     ds = Dataset(cfg.dataset)
     task = make_task(cfg, ds)
     model = make_model(cfg, ds.feat_dim, task.out_dim)
-    if hasattr(task, "prepare_model"):
-        task.prepare_model(model)
+    task.prepare_model(model)
     model.load_state_dict(state)
     model.to(device).eval()
     return cfg, task, model, device
@@ -255,7 +259,7 @@ def eval_run(run: str | os.PathLike, dataset: str | None = None, weights: str = 
     """``ooc eval``: exact layer-wise inference of a trained run, scores on validation and test,
     written to ``RUN/eval.json``.  Layer outputs go to ``workdir`` (default ``RUN/inference``) and
     are removed afterwards."""
-    from ooc.train import write_json_atomic
+    from ooc.util.files import write_json_atomic
     t0 = time.perf_counter()
     cfg, task, model, device = load_run(run, dataset, weights)
     work = Path(workdir) if workdir else Path(run) / "inference"

@@ -1,6 +1,6 @@
 """``ooc report RUN [RUN...]``: curves, I/O-stall timelines and a summary table of training runs.
 
-Inputs per run directory (written by :func:`ooc.train.train`): ``metrics.json`` (summary),
+Inputs per run directory (written by :func:`ooc.training.loop.train`): ``metrics.json`` (summary),
 ``metrics.jsonl`` (one record per epoch) and ``steps.jsonl`` (one record per step).  A directory of an
 ``ooc train --repeat N`` (``summary.json`` + ``seedK/`` runs) is one *group*: its curves are drawn as
 the mean over seeds with a +-1 std band and its table row gives mean +- std.

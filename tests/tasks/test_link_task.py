@@ -12,10 +12,10 @@ import torch
 from ooc.training.checkpoint import load_checkpoint
 from ooc.config import TrainConfig
 from ooc.kernels.graph import build_csc
-from ooc.linkpred import LinkDecoder, LinkTask, link_split, ranking_metrics, training_graph, undirected_pairs
+from ooc.tasks.link import LinkDecoder, LinkTask, link_split, ranking_metrics, training_graph, undirected_pairs
 from ooc.storage.dataset import Dataset
 from ooc.tools.cli import main
-from ooc.train import Interrupted, train
+from ooc.training.loop import Interrupted, train
 
 
 def _edges_of(indptr: np.ndarray, indices: np.ndarray) -> set[tuple[int, int]]:
@@ -53,7 +53,7 @@ def test_task_message_passing_graph_excludes_held_out_edges(cora_dataset: Path, 
     sp = task.split
     assert sp.train.shape[0] + sp.valid.shape[0] + sp.test.shape[0] == 5278
     assert (sp.valid.shape[0], sp.test.shape[0]) == (264, 528)
-    mp = _edges_of(task.data.indptr, task.data.indices)
+    mp = _edges_of(task.data.graph.indptr, task.data.graph.indices)
     assert len(mp) == 2 * sp.train.shape[0]
     for u, v in np.concatenate([sp.valid, sp.test]).tolist():
         assert (u, v) not in mp and (v, u) not in mp
@@ -105,16 +105,17 @@ def test_link_batches_point_at_their_edges(planted_dataset: Path, tmp_path: Path
     cfg.validate()
     task = LinkTask(cfg, Dataset(planted_dataset))
     plan = task.plan(0)
-    b = task.data.loader.make_batch(0, plan.batches[0], 0)
+    b = task._build(0, plan.batches[0], 0, -1, 0)
     e = task.split.train[plan.batches[0]]
-    assert b.seeds[b.pos_src.numpy()].tolist() == e[:, 0].tolist()
-    assert b.seeds[b.pos_dst.numpy()].tolist() == e[:, 1].tolist()
-    assert b.neg_dst.shape[0] == 3 * e.shape[0]
-    assert b.seeds[b.neg_src.numpy()].tolist() == np.repeat(e[:, 0], 3).tolist()
-    again = task.data.loader.make_batch(0, plan.batches[0], 0)
-    assert torch.equal(again.neg_dst, b.neg_dst)  # keyed by (seed, epoch, batch)
-    other = task.data.loader.make_batch(0, plan.batches[0], 1)
-    assert not torch.equal(other.neg_dst, b.neg_dst)
+    pr = b.pairs
+    assert b.seeds[pr.pos_src.numpy()].tolist() == e[:, 0].tolist()
+    assert b.seeds[pr.pos_dst.numpy()].tolist() == e[:, 1].tolist()
+    assert pr.neg_dst.shape[0] == 3 * e.shape[0]
+    assert b.seeds[pr.neg_src.numpy()].tolist() == np.repeat(e[:, 0], 3).tolist()
+    again = task._build(0, plan.batches[0], 0, -1, 0)
+    assert torch.equal(again.pairs.neg_dst, pr.neg_dst)  # keyed by (seed, epoch, batch)
+    other = task._build(0, plan.batches[0], 1, -1, 0)
+    assert not torch.equal(other.pairs.neg_dst, pr.neg_dst)
     task.close()
 
 

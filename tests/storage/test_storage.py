@@ -11,10 +11,10 @@ import pytest
 import zarr
 
 from conftest import small_dataset
-from ooc.buffer import PartitionBuffer
 from ooc.kernels.graph import build_csc, build_csr
 from ooc.kernels.sampling import sample_blocks
 from ooc.storage.dataset import Dataset, DatasetError, DatasetWriter
+from ooc.storage.io import DiskRows
 from ooc.storage.rawarray import RawArray, RawArrayWriter, choose_chunk_rows, write_array
 
 
@@ -29,8 +29,7 @@ def test_undirected_pair_with_declared_nodes(tmp_path: Path) -> None:
     assert sg.seeds.tolist() == [3, 4]
     assert sg.num_sampled_edges == 0
     assert sg.input_nodes.tolist() == [3, 4]
-    buf = PartitionBuffer(ds.features, np.array([0, 2, 5]), capacity=1, io_threads=0)
-    rows = buf.gather(sg.input_nodes)
+    rows, _ = DiskRows(ds.features).gather(sg.input_nodes)
     assert rows[:, 0].tolist() == [3.0, 4.0]
 
 

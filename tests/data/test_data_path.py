@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from ooc.config import TrainConfig
-from ooc.engine import build_data_path, plan_exact, plan_states
+from ooc.data.path import build_data_path
+from ooc.data.plan import plan_exact, plan_states
 from ooc.storage.io import DiskRows, NeighborReader
 from ooc.kernels.disk_sampling import sample_blocks_lists
 from ooc.kernels.graph import build_csc
@@ -23,9 +24,9 @@ from ooc.data.ordering import (assign_buckets, beta_states, bucket_swap_lower_bo
 from ooc.partition import partition_dataset
 from ooc.storage.dataset import Dataset
 from ooc.storage.rawarray import RawArray, write_array
-from ooc.train import train
+from ooc.training.loop import train
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------ page-aligned neighbour lists
@@ -262,13 +263,13 @@ def test_buffer_mode_samples_inside_the_buffer(metis_dataset: Path, tmp_path: Pa
     ds = Dataset(metis_dataset)
     data = build_data_path(cfg, ds)
     assert data.budget.state_slots == 3
-    plan = data.plan(0)
+    plan = _plan(data, 0)
     off = ds.partition_offsets
     seen = []
     for b in data.iterate(plan, 0):
         k = plan.batch_state[b.index]
         seen.append(b.seeds)
-        rg = data.loader.resident
+        rg = data.resident
         assert np.array_equal(rg.local_to_global[rg.to_local(b.seeds)], b.seeds)
         assert set(plan.states[k]) <= set(data.buffer.resident())
         # the graph sampled from holds only nodes of the state's partitions
@@ -321,7 +322,7 @@ def test_hybrid_accuracy_close_to_exact_with_few_resident(metis_dataset: Path, t
 @pytest.fixture(scope="module")
 def big_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """400k nodes x 128 float16 features (102 MB) + 4 M edges: more than 3x a 36 MiB budget."""
-    from ooc.buffer import contiguous_partitions
+    from ooc.kernels.partition import contiguous_partitions
     from ooc.kernels.generators import planted_partition
     from ooc.ingest.convert import write_graph_dataset
     g = planted_partition(400_000, num_classes=4, avg_degree=10, feat_dim=128, noise=2.0, seed=1,
@@ -369,10 +370,10 @@ def test_loader_restarts_mid_epoch_with_the_same_batches(metis_dataset: Path, tm
     ds = Dataset(metis_dataset)
     cfg = _cfg(metis_dataset, tmp_path, mode=mode, buffer_partitions=3, prefetch=1)
     a = build_data_path(cfg, ds)
-    full = list(a.iterate(a.plan(1), 1))
+    full = list(a.iterate(_plan(a, 1), 1))
     a.close()
     b = build_data_path(cfg, ds)
-    plan = b.plan(1)
+    plan = _plan(b, 1)
     tail = list(b.iterate(plan, 1, start=7))
     assert b.loader.position == (1, len(plan.batches))
     assert len(tail) == len(full) - 7
@@ -383,6 +384,11 @@ def test_loader_restarts_mid_epoch_with_the_same_batches(metis_dataset: Path, tm
         needed = {p for k in plan.batch_state[7:] for p in plan.states[k]}
         assert b.buffer.stats.partition_loads <= len(needed)
     b.close()
+
+
+def _plan(data, epoch: int):
+    """The global node plan of the dataset's training split (what a one-process NodeTask trains)."""
+    return data.plan_nodes(data.ds.split("train"), data.cfg.batch_size, epoch)
 
 
 def torch_equal(a, b) -> bool:
@@ -397,7 +403,6 @@ def test_batches_keep_the_storage_dtype_until_use(tmp_path: Path) -> None:
     from ooc.ingest.convert import write_graph_dataset
     import torch
 
-    from ooc.train import _to_device
     g = planted_partition(600, num_classes=3, avg_degree=6, feat_dim=8, noise=1.0, seed=2,
                           train_frac=0.5)
     p = write_graph_dataset(tmp_path / "f16", g.num_nodes, g.src, g.dst,
@@ -409,15 +414,15 @@ def test_batches_keep_the_storage_dtype_until_use(tmp_path: Path) -> None:
         for mode in ("exact", "hybrid", "buffer"):
             data = build_data_path(_cfg(p, tmp_path / mode, mode=mode, partitions=4,
                                         buffer_partitions=2), ds)
-            b = next(iter(data.iterate(data.plan(0), 0)))
-            _, x = _to_device(b, torch.device("cpu"))
+            b = next(iter(data.iterate(_plan(data, 0), 0)))
+            _, x = b.inputs(torch.device("cpu"))
             assert b.x.dtype == torch.float16 and x.dtype == torch.float32
             assert torch.equal(x, b.x.float())
             data.close()
         # normalised features are computed in float32 at build time (no float16 rounding)
         data = build_data_path(_cfg(p, tmp_path / "norm", mode="hybrid", partitions=4,
                                     buffer_partitions=2, feat_norm="row"), ds)
-        b = next(iter(data.iterate(data.plan(0), 0)))
+        b = next(iter(data.iterate(_plan(data, 0), 0)))
         assert b.x.dtype == torch.float32
         data.close()
     finally:
@@ -427,7 +432,7 @@ def test_batches_keep_the_storage_dtype_until_use(tmp_path: Path) -> None:
 def test_budget_plan_counts_storage_dtype_batches_and_sampler_scratch() -> None:
     """Staging: ``prefetch + 2`` batches of stored rows + one float32 copy with activations;
     scratch: two sampler workspaces (dense id map, 8 B/node, up to 2**21 nodes)."""
-    from ooc.engine import _staging_bytes
+    from ooc.data.budget import _staging_bytes
     from ooc.kernels.sampling import workspace_bytes
     kw = dict(n=10**6, avg_deg=10.0, feat_dim=128, batch_size=100, fanouts=[5], prefetch=1,
               hidden=16, eval_batch_size=1, eval_fanouts=[1])

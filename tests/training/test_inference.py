@@ -16,7 +16,8 @@ from ooc.training.inference import layerwise_inference, predict_run
 from ooc.models import MODELS
 from ooc.storage.dataset import Dataset, DatasetWriter
 from ooc.tools.cli import main
-from ooc.train import NodeTask, make_model, train
+from ooc.tasks.node import NodeTask
+from ooc.training.loop import make_model, train
 
 
 def _cfg(ds: Path, out: Path, **kw: object) -> TrainConfig:
@@ -44,7 +45,7 @@ def test_layerwise_equals_sampled_full_neighbourhood(planted_dataset: Path, tmp_
     z = zarr.open_array(tmp_path / "layers" / "layer2", mode="r")
     assert z.shape == (3000, 4)
     ids = np.array([0, 5, 17, 999, 1500, 2999, 2047])
-    b = task.data.loader.make_batch(0, ids, epoch=-1, fanouts=[-1, -1, -1])
+    b = task.data.eval_batch(0, ids, task.data.eval_sampler([-1, -1, -1]))
     with torch.no_grad():
         expect = net(b.blocks, b.x.float()).numpy()
     np.testing.assert_allclose(outs[2].gather(ids), expect, rtol=1e-4, atol=1e-5)

@@ -12,7 +12,8 @@ import torch
 from ooc.config import TrainConfig
 from ooc.features.device import (DeviceFeatureCache, access_counts, out_degrees, select_hot_nodes)
 from ooc.storage.dataset import Dataset
-from ooc.train import NodeTask, _to_device, train
+from ooc.tasks.node import NodeTask
+from ooc.training.loop import train
 
 
 def _cfg(ds: Path, out: Path, **kw: object) -> TrainConfig:
@@ -41,17 +42,17 @@ def test_cache_rows_equal_loader_rows(planted_dataset: Path, tmp_path: Path) -> 
     cfg.validate()
     ds = Dataset(planted_dataset)
     task = NodeTask(cfg, ds)
-    loader = task.data.loader
-    hot = select_hot_nodes(out_degrees(loader.indices, ds.num_nodes), 500)
-    cache = DeviceFeatureCache.fill(loader, hot, ds.num_nodes, torch.device("cpu"), "degree",
+    data = task.data
+    hot = select_hot_nodes(out_degrees(data.graph.indices, ds.num_nodes), 500)
+    cache = DeviceFeatureCache.fill(data.features, hot, ds.num_nodes, torch.device("cpu"), "degree",
                                     chunk_rows=128)
     assert cache.num_rows == 500 and cache.nbytes == 500 * 16 * 4
     plan = task.plan(0)
-    plain = loader.make_batch(0, plan.batches[0], 0)
-    loader.device_cache = cache
-    cached = loader.make_batch(0, plan.batches[0], 0)
+    plain = data.node_batch(0, plan.batches[0], 0)
+    data.device_cache = cache
+    cached = data.node_batch(0, plan.batches[0], 0)
     assert cached.x.shape[0] < plain.x.shape[0]                   # only misses came from the host
-    _, x = _to_device(cached, torch.device("cpu"))
+    _, x = cached.inputs(torch.device("cpu"))
     assert torch.equal(x, plain.x)
     st = cache.reset_stats()
     assert st["device_cache_lookups"] == plain.x.shape[0]
@@ -85,7 +86,9 @@ def test_training_with_cache_is_identical(planted_dataset: Path, tmp_path: Path)
     ds = Dataset(planted_dataset)
     task = NodeTask(cfg, ds)
     for epoch in (0, 1):
-        rows = access_counts(task.data.loader, task.plan(epoch).batches, epoch, ds.num_nodes).sum()
+        plan = task.plan(epoch)
+        rows = access_counts(task.data.sampler, plan.batches, [plan.key(i) for i in range(len(plan))],
+                             cfg.seed, epoch, ds.num_nodes).sum()
         assert runs["presample"]["history"][epoch]["device_cache_lookups"] == rows
     task.close()
     ds.close()
@@ -97,13 +100,13 @@ def test_presample_counts_are_the_epochs_accesses(planted_dataset: Path, tmp_pat
     cfg.validate()
     ds = Dataset(planted_dataset)
     task = NodeTask(cfg, ds)
-    loader = task.data.loader
+    data = task.data
     plan = task.plan(0)
-    counts = access_counts(loader, plan.batches[:3], 0, ds.num_nodes)
+    counts = access_counts(data.sampler, plan.batches[:3], [0, 1, 2], cfg.seed, 0, ds.num_nodes)
     gathered = np.zeros(ds.num_nodes, dtype=np.int64)
     for i in range(3):
-        b = loader.make_batch(i, plan.batches[i], 0)
-        sg_nodes = _input_nodes(loader, plan.batches[i], cfg.seed, i)
+        b = data.node_batch(i, plan.batches[i], 0)
+        sg_nodes = _input_nodes(data, plan.batches[i], cfg.seed, i)
         assert sg_nodes.shape[0] == b.x.shape[0]
         gathered += np.bincount(sg_nodes, minlength=ds.num_nodes)
     assert np.array_equal(counts, gathered)
@@ -112,11 +115,11 @@ def test_presample_counts_are_the_epochs_accesses(planted_dataset: Path, tmp_pat
     ds.close()
 
 
-def _input_nodes(loader, seeds: np.ndarray, seed: int, i: int) -> np.ndarray:
+def _input_nodes(data, seeds: np.ndarray, seed: int, i: int) -> np.ndarray:
     from ooc.kernels.rng import batch_key
     from ooc.kernels.sampling import sample_blocks
-    return sample_blocks(loader.indptr, loader.indices, seeds, loader.fanouts,
-                         batch_key(seed, 0, i), loader.replace).input_nodes
+    return sample_blocks(data.graph.indptr, data.graph.indices, seeds, data.cfg.fanouts,
+                         batch_key(seed, 0, i), data.cfg.replace).input_nodes
 
 
 def test_bad_cache_size_is_rejected(planted_dataset: Path, tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ import pytest
 from conftest import start_paused
 
 from ooc.config import TrainConfig
-from ooc.engine import build_data_path, plan_budget
+from ooc.data.budget import plan_budget
+from ooc.data.path import build_data_path
 from ooc.kernels.pq import kmeans_subspace, subspace_bounds
 from ooc.kernels.rng import batch_key
 from ooc.partition import partition_dataset
@@ -190,12 +191,11 @@ def test_pq_batches_decode_only_outer_hop_misses(planted_copy: Path, tmp_path: P
     dp = build_data_path(_cfg(planted_copy, tmp_path / "r"), ds)
     try:
         codes = open_compressed(ds)
-        plan = dp.plan(0)
+        plan = dp.plan_nodes(ds.split("train"), dp.cfg.batch_size, 0)
         approx_seen = 0
         for b in dp.iterate(plan, 0):
             # recompute the batch's input nodes with the same key to compare row by row
-            sg = dp.loader.sampler.sample(plan.batches[b.index], dp.loader.fanouts,
-                                          batch_key(3, 0, b.index), False)
+            sg = dp.sampler.sample(plan.batches[b.index], batch_key(3, 0, b.index))
             sg_nodes = sg.input_nodes
             x = b.x.numpy()
             inner = sg.blocks[0].num_dst
@@ -211,11 +211,12 @@ def test_pq_batches_decode_only_outer_hop_misses(planted_copy: Path, tmp_path: P
             if b.index >= 3:
                 break
         assert approx_seen > 0
-        assert dp.buffer.stats.approx_rows >= approx_seen
+        assert dp.misses.approx_rows >= approx_seen
         # evaluation batches (no buffer state) stay exact
         nodes = ds.split("test")[:50]
-        eb = dp.loader.make_batch(0, nodes, 0, [-1, -1])
-        sg = dp.loader.sampler.sample(nodes, [-1, -1], batch_key(3, 0, 0), False)
+        full = dp.eval_sampler([-1, -1])
+        eb = dp.eval_batch(0, nodes, full)
+        sg = full.sample(nodes, batch_key(3, -1, 0))
         np.testing.assert_array_equal(eb.x.numpy(), feats[sg.input_nodes])
     finally:
         dp.close()
@@ -252,7 +253,7 @@ def test_pq_option_errors(planted_copy: Path, tmp_path: Path) -> None:
 def test_hybrid_pq_trains_close_to_disk_misses(planted_copy: Path, tmp_path: Path) -> None:
     """The planted graph (4 classes, 16-d features) in hybrid mode with 2 of 8 partitions resident:
     decoding the outer hop's misses from 8-byte codes keeps accuracy within 3 points."""
-    from ooc.train import train
+    from ooc.training.loop import train
     compress_dataset(planted_copy, 8, centroids=64, sample_rows=3000, iters=10, progress=False)
     accs = {}
     for mf in ("disk", "pq"):
@@ -326,7 +327,7 @@ def test_pq_codes_not_loaded_when_everything_is_resident(planted_copy: Path, tmp
     ds = Dataset(planted_copy)
     dp = build_data_path(_cfg(planted_copy, tmp_path / "r", buffer_partitions=8), ds)
     try:
-        assert dp.loader.approx is None and dp.budget.compressed == 0
+        assert dp.pq is None and dp.budget.compressed == 0
         assert dp.budget.slots == 8
     finally:
         dp.close()

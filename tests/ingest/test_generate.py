@@ -66,7 +66,7 @@ def test_generate_dataset_and_determinism(tmp_path: Path) -> None:
 
 def test_gnn_learns_planted_labels(tmp_path: Path) -> None:
     from ooc.config import TrainConfig
-    from ooc.train import train
+    from ooc.training.loop import train
     p = generate_rmat(tmp_path / "g", 2000, 20000, feat_dim=16, num_classes=4, seed=0, homophily=0.7,
                       noise=3.0, splits=(0.3, 0.1, 0.2), undirected=True)
     m = train(TrainConfig(dataset=str(p), output_dir=str(tmp_path / "run"), model="sage",

@@ -15,7 +15,7 @@ from ooc.training.checkpoint import load_checkpoint
 from ooc.config import ConfigError, TrainConfig
 from ooc.models import MODELS, TorchBlock, build_model
 from ooc.tools.cli import main
-from ooc.train import make_model, train
+from ooc.training.loop import make_model, train
 
 
 def _cfg(ds: Path, out: Path, **kw: object) -> TrainConfig:
@@ -126,7 +126,7 @@ def test_early_stopping_and_best_model(planted_dataset: Path, tmp_path: Path) ->
 
 
 def test_gat_early_stopping_rule_sequence() -> None:
-    from ooc.train import _gat_rule, _State
+    from ooc.training.loop import _gat_rule, _State
     st = _State()
     seq = [(0.5, 1.0), (0.6, 1.1), (0.55, 0.9), (0.6, 0.8), (0.58, 0.85), (0.61, 0.95)]
     got = [_gat_rule(st, acc, {"val_loss": loss}) for acc, loss in seq]
@@ -224,7 +224,7 @@ def test_every_model_runs_under_autocast(model: str) -> None:
 
 
 def test_weight_decay_scope_first_layer_only(planted_dataset: Path) -> None:
-    from ooc.train import _make_optimizer
+    from ooc.training.loop import _make_optimizer
     net = build_model("gcn", 16, 8, 4, num_layers=2, dropout=0.5)
     opt = _make_optimizer(TrainConfig(weight_decay=0.1, weight_decay_scope="first"), net)
     g0, g1 = opt.param_groups
@@ -240,7 +240,7 @@ def test_cli_accepts_negative_fanouts(planted_dataset: Path, tmp_path: Path) -> 
 
 
 # ---------------------------------------------------------------- accuracy-table configs (issue 6)
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def test_table_configs_load_and_hold_the_published_settings() -> None:

@@ -14,7 +14,7 @@ import torch
 from ooc.training.checkpoint import load_checkpoint
 from ooc.config import TrainConfig
 from ooc.tools.cli import main
-from ooc.train import Interrupted, train
+from ooc.training.loop import Interrupted, train
 
 TIMING = ("time", "_s", "per_s", "io_wait", "load_s", "bytes_read", "partition_loads", "row_hits",
           "row_misses", "buffer_hit_ratio", "bandwidth", "rss", "swaps", "cache_", "bytes")

@@ -3,11 +3,15 @@
 - :func:`link_split` splits the graph's *undirected* edges (pairs ``u < v``) into train / validation /
   test.  Messages flow only over the training edges (both directions, :func:`training_graph`), so
   neither direction of a held-out edge is ever seen by the encoder -- in training or in evaluation.
-- Training (:class:`LinkTask`): batches of training edges in partition order (by the partition of
-  the first endpoint, so the buffer keeps its locality), ``neg_ratio`` uniform negatives per positive
-  (the positive's head with a uniform random tail), drawn from a generator keyed by (seed, epoch,
-  batch) so resume stays bit-exact; the encoder runs once on the union of the batch's endpoints;
-  loss = BCE(positives -> 1) + BCE(negatives -> 0).
+- Training (:class:`LinkTask`), on the data path of every mode: batches of training edges -- a
+  uniform shuffle (``exact``), or edge-bucket states (``buffer`` / ``hybrid``: BETA orderings, every
+  bucket ``(i, j)`` trained once per epoch with both partitions resident); ``neg_ratio`` uniform
+  negatives per positive (the positive's head with a uniform random tail; in ``buffer`` mode a tail
+  of the resident partitions), drawn from a generator keyed by (seed, epoch, batch) so resume stays
+  bit-exact; the encoder runs once on the union of the batch's endpoints, over MFGs sampled with the
+  batch's positive edges (both directions) removed, so the model cannot read the answer from its
+  input; loss = BCE(positives -> 1) + BCE(negatives -> 0).  Data-parallel as the node task: sharded
+  plans, weighted losses, reduced sums.
 - Decoders (:class:`LinkDecoder`): dot product ``<h_u, h_v>`` and DistMult ``<h_u, r * h_v>`` with a
   learnable diagonal relation ``r`` (Yang et al., ICLR'15).
 - Evaluation: exact layer-wise inference (:mod:`ooc.training.inference`) gives every node's embedding on the
@@ -29,15 +33,18 @@ import torch
 from torch import Tensor, nn
 
 from ooc.config import TrainConfig
+from ooc.contracts import Batch, Job, Plan, SingleProcess
+from ooc.data.budget import RssMonitor
+from ooc.data.path import build_data_path
+from ooc.data.plan import shard_plan
 from ooc.kernels.graph import build_csc
-from ooc.loader import Batch, BatchLoader, EpochPlan, plan_epoch
 from ooc.models import GNN
 from ooc.storage.dataset import Dataset
 
 __all__ = ["LinkSplit", "undirected_pairs", "link_split", "training_graph", "LinkDecoder",
-           "ranking_metrics", "LinkBatch", "LinkBatchLoader", "LinkTask"]
+           "ranking_metrics", "LinkTask"]
 
-log = logging.getLogger("ooc.linkpred")
+log = logging.getLogger("ooc.tasks")
 
 
 def undirected_pairs(indptr: np.ndarray, indices: np.ndarray) -> np.ndarray:
@@ -154,56 +161,16 @@ def ranking_metrics(pos: np.ndarray, neg: np.ndarray, valid: np.ndarray | None =
     return out
 
 
-@dataclass
-class LinkBatch(Batch):
-    """A :class:`~ooc.loader.Batch` of training edges.
-
-    The model's output rows are the batch's unique endpoints (``seeds``); ``pos_*`` / ``neg_*`` are
-    int64 local row indices of the positive edges [B] and the negatives [B * neg_ratio].
-    """
-
-    pos_src: Tensor = None  # type: ignore[assignment]
-    pos_dst: Tensor = None  # type: ignore[assignment]
-    neg_src: Tensor = None  # type: ignore[assignment]
-    neg_dst: Tensor = None  # type: ignore[assignment]
-
-
-class LinkBatchLoader(BatchLoader):
-    """A :class:`~ooc.loader.BatchLoader` whose plan batches are training-edge ids.
-
-    Args:
-        pairs: int64 [M, 2] training edges; neg_ratio: negatives per positive; num_nodes: N.
-        (other arguments as :class:`~ooc.loader.BatchLoader`.)
-    """
-
-    def __init__(self, *args: object, pairs: np.ndarray, neg_ratio: int, num_nodes: int,
-                 **kw: object) -> None:
-        super().__init__(*args, **kw)  # type: ignore[arg-type]
-        self.pairs = pairs
-        self.neg_ratio = neg_ratio
-        self.num_nodes = num_nodes
-
-    def make_batch(self, index: int, seeds: np.ndarray, epoch: int, fanouts: list[int] | None = None,
-                   parts: list[int] | None = None, upcoming: list[int] | None = None) -> Batch:
-        if epoch < 0:  # evaluation batches are node batches
-            return super().make_batch(index, seeds, epoch, fanouts, parts, upcoming)
-        e = self.pairs[seeds]
-        b = e.shape[0]
-        rng = np.random.default_rng([self.seed, epoch, index, 0x4E6])
-        neg_tail = rng.integers(0, self.num_nodes, size=b * self.neg_ratio, dtype=np.int64)
-        nodes = np.concatenate([e[:, 0], e[:, 1], neg_tail])
-        uniq, inv = np.unique(nodes, return_inverse=True)
-        base = super().make_batch(index, uniq, epoch, fanouts, parts, upcoming)
-        inv_t = torch.from_numpy(inv.astype(np.int64))
-        return LinkBatch(base.index, base.seeds, base.blocks, base.x, base.y, base.num_edges,
-                         base.sample_s, base.gather_s, pos_src=inv_t[:b], pos_dst=inv_t[b:2 * b],
-                         neg_src=inv_t[:b].repeat_interleave(self.neg_ratio), neg_dst=inv_t[2 * b:])
-
-
 class LinkTask:
     """Link prediction on the dataset's undirected edges (see the module docstring).
 
     ``out_dim`` is ``cfg.hidden``: the encoder's last layer outputs the embedding.
+
+    Args:
+        cfg, ds, job, rss: as :class:`ooc.tasks.node.NodeTask`.
+
+    Raises:
+        ValueError: no training edges, or options that cannot work.
     """
 
     name = "link"
@@ -211,53 +178,91 @@ class LinkTask:
     test_key = "test_mrr"
     metric = "mrr"
 
-    def __init__(self, cfg: TrainConfig, ds: Dataset) -> None:
-        from ooc.train import build_data_path
+    def __init__(self, cfg: TrainConfig, ds: Dataset, job: Job | None = None,
+                 rss: RssMonitor | None = None) -> None:
         self.cfg, self.ds = cfg, ds
+        self.job = job or SingleProcess()
         n = ds.num_nodes
         self.split = link_split(ds.indptr, ds.indices, cfg.val_frac, cfg.test_frac, cfg.split_seed)
         if self.split.train.shape[0] == 0:
             raise ValueError(f"{cfg.dataset}: no training edges for link prediction")
         topo = training_graph(self.split.train, n)
-        self.data = build_data_path(cfg, ds, topology=topo, loader_cls=LinkBatchLoader,
-                                    pairs=self.split.train, neg_ratio=cfg.neg_ratio, num_nodes=n)
-        self.part_of_train = self.data.buffer.part_of(self.split.train[:, 0])
-        self.edge_ids = np.arange(self.split.train.shape[0], dtype=np.int64)
+        self.data = build_data_path(cfg, ds, self.job, rss, task="link", topology=topo)
+        tr = self.split.train
+        self.part_src = self.data.part_of(tr[:, 0])
+        self.part_dst = self.data.part_of(tr[:, 1])
         self.out_dim = cfg.hidden
         self.loss_fn = nn.BCEWithLogitsLoss()
+        self._plan: Plan | None = None
+        self._plan_epoch = -1
+        self.decoder: LinkDecoder | None = None
         log.info("link split (seed %d): %d train / %d valid / %d test undirected edges", cfg.split_seed,
-                 self.split.train.shape[0], self.split.valid.shape[0], self.split.test.shape[0])
+                 tr.shape[0], self.split.valid.shape[0], self.split.test.shape[0])
 
     def prepare_model(self, model: GNN) -> None:
-        """Attach the decoder (its parameters train, checkpoint and load with the encoder)."""
+        """Attach the decoder (its parameters train, checkpoint and load with the encoder; under DDP
+        they are all-reduced with the encoder's)."""
         model.decoder = LinkDecoder(self.cfg.decoder, self.out_dim)
+        self.decoder = model.decoder
 
     @property
     def steps_per_epoch(self) -> int:
-        return -(-self.edge_ids.shape[0] // self.cfg.batch_size)
+        return len(self.plan(0))
 
-    def plan(self, epoch: int) -> EpochPlan:
-        return plan_epoch(self.edge_ids, self.part_of_train, self.data.buffer.num_parts,
-                          self.cfg.batch_size, self.cfg.seed, epoch)
+    def plan(self, epoch: int) -> Plan:
+        """This rank's share of the epoch's training-edge batches."""
+        if self._plan is None or self._plan_epoch != epoch:
+            j = self.job
+            full = self.data.plan_edges(self.part_src, self.part_dst, self.data.global_batch_size(),
+                                        epoch)
+            self._plan = shard_plan(full, j.rank, j.world_size, j.local_world_size)
+            self._plan_epoch = epoch
+        return self._plan
 
-    def batches(self, plan: EpochPlan, epoch: int, start: int) -> Iterator[Batch]:
-        return self.data.loader.iterate(plan, epoch, start=start)
+    def _build(self, index: int, edge_ids: np.ndarray, epoch: int, state: int, key: int) -> Batch:
+        return self.data.link_batch(index, self.split.train[edge_ids], epoch, state, key,
+                                    self.cfg.neg_ratio)
 
-    def loss(self, model: GNN, batch: LinkBatch, device: torch.device) -> tuple[Tensor, dict]:
-        from ooc.train import _to_device
-        blocks, x = _to_device(batch, device)
+    def batches(self, plan: Plan, epoch: int, start: int) -> Iterator[Batch]:
+        return self.data.iterate(plan, epoch, start, self._build)
+
+    def loss(self, model: nn.Module, batch: Batch, device: torch.device) -> tuple[Tensor, dict]:
+        blocks, x = batch.inputs(device)
         h = model(blocks, x).float()
-        dec = model.decoder
-        pos = dec(h.index_select(0, batch.pos_src.to(device)), h.index_select(0, batch.pos_dst.to(device)))
-        neg = dec(h.index_select(0, batch.neg_src.to(device)), h.index_select(0, batch.neg_dst.to(device)))
+        dec = self.decoder
+        pr = batch.pairs
+        assert pr is not None
+        pos = dec(h.index_select(0, pr.pos_src.to(device)), h.index_select(0, pr.pos_dst.to(device)))
+        neg = dec(h.index_select(0, pr.neg_src.to(device)), h.index_select(0, pr.neg_dst.to(device)))
         loss = self.loss_fn(pos, torch.ones_like(pos)) + self.loss_fn(neg, torch.zeros_like(neg))
         correct = int((pos.detach() > 0).sum()) + int((neg.detach() <= 0).sum())
-        return loss, {"seen": int(pos.shape[0]), "correct": correct, "total": pos.shape[0] + neg.shape[0],
-                      "edges": batch.num_edges, "sample_s": batch.sample_s, "gather_s": batch.gather_s}
+        st = {"seen": int(pos.shape[0]), "correct": correct, "edges": batch.num_edges,
+              "sample_s": batch.sample_s, "gather_s": batch.gather_s,
+              "loss_value": float(loss.detach())}
+        plan = self._plan
+        if plan is not None and plan.weights is not None:
+            if not plan.counts(batch.index):
+                for k in ("seen", "correct", "edges"):
+                    st[k] = 0
+            w = plan.weight(batch.index)
+            if w != 1.0:
+                loss = loss * w
+        return loss, st
 
     def train_score(self, acc: dict) -> float:
         """Share of training positives and negatives on the right side of 0."""
         return acc["correct"] / max(acc["seen"] * (1 + self.cfg.neg_ratio), 1)
+
+    def epoch_end(self, acc: dict) -> dict:
+        """The epoch's running sums over all ranks."""
+        if self.job.world_size == 1:
+            return acc
+        keys = ("loss", "seen", "correct", "edges")
+        tot = self.job.all_reduce_sum([float(acc[k]) for k in keys])
+        out = dict(acc)
+        for k, v in zip(keys, tot):
+            out[k] = float(v) if k == "loss" else int(round(v))
+        return out
 
     def candidates(self, part: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(pairs [M,2], tails [M,C], valid [M,C])`` of a held-out part, fixed by ``split_seed``."""
@@ -272,11 +277,12 @@ class LinkTask:
 
     @torch.no_grad()
     def evaluate(self, model: GNN, device: torch.device, out_dir: str | Path | None = None) -> dict:
-        """Validation and test MRR / Hits@K from one layer-wise inference pass over all nodes."""
+        """Validation and test MRR / Hits@K from one layer-wise inference pass over all nodes (every
+        rank runs the same pass; the scores are exact and equal on all ranks)."""
         from ooc.training.inference import IN_MEMORY_LIMIT, layerwise_inference
         L = model.num_layers
         if out_dir is None and self.ds.num_nodes * max(model.dims[1:]) * 4 > IN_MEMORY_LIMIT:
-            out_dir = Path(self.cfg.output_dir) / "inference"
+            out_dir = self.job.run_dir(self.cfg.output_dir) / "inference"
         emb = layerwise_inference(model, self.data, self.cfg.eval_batch_size, out_dir, device,
                                   keep=(L - 1,))[L - 1]
         dec = model.decoder.cpu() if device.type != "cpu" else model.decoder

@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from ooc.buffer import PartitionBuffer, contiguous_partitions
 from ooc.config import TrainConfig
-from ooc.loader import plan_epoch
+from ooc.data.buffer import BufferManager
+from ooc.data.plan import plan_states
+from ooc.kernels.partition import contiguous_partitions
 from ooc.storage.dataset import Dataset
+from ooc.storage.io import DiskRows
 from ooc.tools.cli import main
-from ooc.train import train
+from ooc.training.loop import train
 
 
 def _cfg(ds: Path, out: Path, **kw: object) -> TrainConfig:
@@ -62,15 +64,20 @@ def test_metrics_file_fields(planted_dataset: Path, tmp_path: Path) -> None:
 def test_buffer_never_holds_more_than_capacity(planted_dataset: Path) -> None:
     ds = Dataset(planted_dataset)
     off = ds.partition_offsets
-    buf = PartitionBuffer(ds.features, off, capacity=2, io_threads=1)
-    plan = plan_epoch(ds.split("train"), buf.part_of(ds.split("train")), 8, 64, seed=0, epoch=0)
+    rows = DiskRows(ds.features)
+    buf = BufferManager(rows, off, capacity=2, fallback=rows, io_threads=1)
+    train = ds.split("train")
+    plan = plan_states(train, buf.part_of(train), 8, 1, 64, seed=0, epoch=0, ordering="sequential",
+                       group=1)
     x = ds.features.read_all()
     for i, seeds in enumerate(plan.batches):
-        buf.require(plan.batch_parts[i], plan.schedule[plan.batch_pos[i]:])
+        k = plan.batch_state[i]
+        buf.require(plan.states[k], plan.upcoming[k])
         assert len(buf.resident()) + len(buf._loading) <= 2
-        assert plan.batch_parts[i][0] in buf.resident()
-        assert np.array_equal(buf.gather(seeds), x[seeds])
+        assert plan.states[k][0] in buf.resident()
+        assert np.array_equal(buf.gather(seeds)[0], x[seeds])
     buf.close()
+    rows.close()
     assert buf.stats.partition_loads >= 8
 
 
@@ -121,8 +128,8 @@ def test_sampled_evaluation_fanouts(planted_dataset: Path, tmp_path: Path) -> No
     """--eval-fanout samples evaluation neighbourhoods: training is unchanged, the batches are
     bounded by the fanouts, the score is deterministic and the budget planner counts the smaller
     evaluation batches."""
-    from ooc.engine import _staging_bytes
-    from ooc.train import evaluate
+    from ooc.data.budget import _staging_bytes
+    from ooc.tasks.node import evaluate_nodes
 
     full = train(_cfg(planted_dataset, tmp_path / "full", epochs=1, mode="hybrid"))
     samp = train(_cfg(planted_dataset, tmp_path / "samp", epochs=1, mode="hybrid",
@@ -140,19 +147,20 @@ def test_sampled_evaluation_fanouts(planted_dataset: Path, tmp_path: Path) -> No
         def __init__(self) -> None:
             self.fanouts: list = []
 
-        def make_batch(self, i, seeds, epoch, fanouts=None):  # noqa: ANN001, ANN202
+        def eval_sampler(self, fanouts):  # noqa: ANN001, ANN202
             self.fanouts.append(fanouts)
             raise Stop
 
     spy = Spy()
     with pytest.raises(Stop):
-        evaluate(torch.nn.Identity(), spy, np.arange(10), 2, 4, fanouts=[3, 2])
+        evaluate_nodes(torch.nn.Identity(), spy, np.arange(10), 2, 4, fanouts=[3, 2])
     with pytest.raises(Stop):
-        evaluate(torch.nn.Identity(), spy, np.arange(10), 2, 4)
+        evaluate_nodes(torch.nn.Identity(), spy, np.arange(10), 2, 4)
     assert spy.fanouts == [[3, 2], [-1, -1]]
     # batches built ahead on the loader thread (default) score exactly as built in the caller's thread
     from ooc.storage.dataset import Dataset
-    from ooc.train import NodeTask, evaluate_with_loss, make_model
+    from ooc.tasks.node import NodeTask
+    from ooc.training.loop import make_model
     cfg = _cfg(planted_dataset, tmp_path / "samp", epochs=1, mode="hybrid", eval_fanouts=[2, 2])
     cfg.validate()
     ds = Dataset(planted_dataset)
@@ -161,14 +169,14 @@ def test_sampled_evaluation_fanouts(planted_dataset: Path, tmp_path: Path) -> No
         model = make_model(cfg, ds.feat_dim, task.out_dim)
         model.load_state_dict(torch.load(tmp_path / "samp" / "model.pt", weights_only=True))
         test_ids = ds.split("test")
-        ahead = evaluate_with_loss(model, task.data.loader, test_ids, 2, 8, fanouts=[2, 2])
-        inline = evaluate_with_loss(model, task.data.loader, test_ids, 2, 8, fanouts=[2, 2], overlap=False)
-        assert ahead == inline and ahead[0] > 0.5  # chance is 0.25
+        ahead = evaluate_nodes(model, task.data, test_ids, 2, 8, fanouts=[2, 2])
+        inline = evaluate_nodes(model, task.data, test_ids, 2, 8, fanouts=[2, 2], prefetch=0)
+        assert (ahead == inline).all() and ahead[0] / ahead[1] > 0.5  # chance is 0.25
     finally:
         task.close()
         ds.close()
     with pytest.raises(ValueError, match="one per layer"):
-        evaluate(torch.nn.Identity(), spy, np.arange(10), 2, 4, fanouts=[3])
+        evaluate_nodes(torch.nn.Identity(), spy, np.arange(10), 2, 4, fanouts=[3])
     with pytest.raises(ValueError, match="one entry per layer"):
         _cfg(planted_dataset, tmp_path / "bad", eval_fanouts=[5]).validate()
     # planner: full 3-hop neighbourhoods of 1,024 seeds on a 50 M-node, degree-20 graph are
@@ -182,14 +190,20 @@ def test_sampled_evaluation_fanouts(planted_dataset: Path, tmp_path: Path) -> No
     assert samp_b == _staging_bytes(**dict(kw, eval_batch_size=1))
 
 
-def test_cli_refuses_engine_options_on_the_partition_buffer_path(planted_dataset: Path, tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture) -> None:
-    """An engine option with a partition-buffer-only feature is an error (exit 2), not a silent fallback."""
-    rc = main(["train", str(planted_dataset), "--sampler", "labor", "--mode", "hybrid", "--epochs", "1",
-               "--no-progress", "--output-dir", str(tmp_path / "r")])
-    assert rc == 2
-    err = capsys.readouterr().err
-    assert "--sampler labor" in err and "--mode buffer/hybrid" in err
+def test_cli_refuses_combinations_that_cannot_work(planted_dataset: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture) -> None:
+    """A combination that cannot work is an error that says why (exit 2), never a silent fallback:
+    GraphSAINT inside the buffer, LABOR over lists read from disk, link prediction with a
+    subgraph sampler."""
+    base = ["train", str(planted_dataset), "--epochs", "1", "--no-progress",
+            "--output-dir", str(tmp_path / "r")]
+    for extra, words in ((["--sampler", "saint", "--mode", "buffer"], ("--sampler saint", "--mode buffer")),
+                         (["--sampler", "labor", "--topology", "disk"], ("--sampler labor", "--topology disk")),
+                         (["--sampler", "cluster", "--task", "link"], ("--task link", "--sampler cluster"))):
+        assert main(base + extra) == 2, extra
+        err = capsys.readouterr().err
+        assert all(w in err for w in words), (extra, err)
+    assert not (tmp_path / "r").exists()
 
 
 def test_bad_options_and_setup_errors_leave_no_run_folder(planted_dataset: Path, tmp_path: Path) -> None:

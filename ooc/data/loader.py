@@ -1,0 +1,136 @@
+"""The prefetching loader: ``require the step's buffer state -> build its batch`` on a background
+thread, ``prefetch`` batches ahead of the trainer.
+
+The Numba kernels and the reads release the GIL, so sampling and I/O overlap with the model.  Every
+batch's random stream is keyed by (seed, epoch, batch index), so batches depend neither on the
+thread, the prefetch depth nor the buffer size; the loader only decides *when* they are built.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from contextlib import closing
+from typing import Callable, Iterator, TypeVar
+
+import numpy as np
+
+from ooc.contracts import Batch, Plan
+from ooc.data.buffer import BufferManager
+
+__all__ = ["prefetched", "Loader", "BuildFn"]
+
+T = TypeVar("T")
+
+#: ``build(step, seeds, epoch, state, key) -> Batch``: one step's batch, its state resident.
+BuildFn = Callable[[int, np.ndarray, int, int, int], Batch]
+
+
+def prefetched(build: Callable[[int], T], start: int, stop: int, depth: int,
+               on_wait: Callable[[float], None]) -> Iterator[T]:
+    """Yield ``build(i)`` for ``i`` in ``start..stop-1`` in order, built ``depth`` ahead on a
+    background thread (``depth <= 0``: built in the caller's thread).
+
+    ``on_wait(seconds)`` receives the time the consumer waited for each item (the I/O + sampling
+    stall).  An exception raised by ``build`` is re-raised in the consumer; closing the generator
+    stops the producer thread and drops the items it built ahead.
+    """
+    if depth <= 0:
+        for i in range(start, stop):
+            t = time.perf_counter()
+            item = build(i)
+            on_wait(time.perf_counter() - t)
+            yield item
+        return
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    halt = threading.Event()
+
+    def produce() -> None:
+        try:
+            for i in range(start, stop):
+                if halt.is_set():
+                    return
+                item = build(i)
+                while not halt.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+            q.put(None)
+        except BaseException as e:  # forwarded to the consumer
+            q.put(e)
+
+    th = threading.Thread(target=produce, name="ooc-loader", daemon=True)
+    th.start()
+    try:
+        while True:
+            t = time.perf_counter()
+            got = q.get()
+            on_wait(time.perf_counter() - t)
+            if got is None:
+                break
+            if isinstance(got, BaseException):
+                raise got
+            yield got
+    finally:
+        halt.set()
+        while th.is_alive():
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                pass
+            th.join(timeout=0.05)
+
+
+class Loader:
+    """Walks a :class:`~ooc.contracts.Plan`: before building a step it makes the step's buffer state
+    resident (``buffer.require`` with a ticket that grows by one at every change of state, the hand-
+    over number of a shared buffer), then calls ``build``.
+
+    Args:
+        buffer: the machine's partition buffer.
+        prefetch: batches built ahead (0 = in the caller's thread).
+
+    Attributes:
+        stall_s: time the consumer waited for batches since the last reset.
+        position: ``(epoch, next step)``: what a checkpoint needs.
+    """
+
+    def __init__(self, buffer: BufferManager, prefetch: int = 2) -> None:
+        self.buffer = buffer
+        self.prefetch = prefetch
+        self.stall_s = 0.0
+        self.position = (0, 0)
+        self._ticket = 0
+        self._state_key: tuple | None = None
+        self.on_state: Callable[[list[int], tuple], None] | None = None
+
+    def _require(self, plan: Plan, i: int, epoch: int) -> int:
+        k = plan.batch_state[i]
+        if k < 0:
+            return k
+        key = (epoch, k)
+        if key != self._state_key:
+            self._ticket += 1
+            self._state_key = key
+        parts = plan.states[k]
+        self.buffer.require(parts, plan.upcoming[k][: max(self.buffer.capacity, 1)], self._ticket)
+        if self.on_state is not None:
+            self.on_state(parts, (epoch, k, tuple(parts)))
+        return k
+
+    def iterate(self, plan: Plan, epoch: int, start: int, build: BuildFn) -> Iterator[Batch]:
+        """Yield steps ``start..`` of ``plan`` in order (``start > 0`` resumes mid-epoch)."""
+        def make(i: int) -> Batch:
+            k = self._require(plan, i, epoch)
+            return build(i, plan.batches[i], epoch, k, plan.key(i))
+
+        with closing(prefetched(make, start, len(plan.batches), self.prefetch, self._add_stall)) as it:
+            for b in it:
+                self.position = (epoch, b.index + 1)
+                yield b
+
+    def _add_stall(self, seconds: float) -> None:
+        self.stall_s += seconds

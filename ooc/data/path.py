@@ -1,0 +1,608 @@
+"""The data path of a run -- one for every mode, sampler, task, device cache and number of ranks.
+
+``build_data_path(cfg, ds, job)`` turns a :class:`~ooc.config.TrainConfig` into a
+:class:`DataPath`: the topology (in memory, mapped or on disk; shared by the machine's ranks), the
+budget plan, the machine's partition buffer and the feature tiers behind it, the training sampler
+and the loader.  Tasks (:mod:`ooc.tasks`) plan epochs and build batches through it.
+
+Modes (``--mode``):
+
+- ``exact`` -- full-graph sampling, batches a uniform shuffle of the training ids (what an
+  in-memory trainer does).  The partitions that fit stay resident (static residency); other rows
+  come from the CPU cache or batched disk reads.  Memory never changes results: the same seed
+  gives the identical loss sequence for any budget (Ginex / GraphBolt style).
+- ``buffer`` -- MariusGNN style: an ordering policy makes ``c`` partitions resident at a time;
+  every training id is trained once per epoch in a state that holds its partition(s), and
+  neighbours are sampled inside the resident partitions only (the in-buffer subgraph, whose degrees
+  GCN uses).  Only sequential partition loads.
+- ``hybrid`` -- batches from the seeds of the resident partitions (as ``buffer``) but full-graph
+  sampling (as ``exact``): with a locality-preserving partition most sampled neighbours are
+  resident; the rest come through the cache, PQ codes (``--miss-features pq``) or a batched read.
+
+Feature rows are looked up, in order: device cache (on the loader thread) -> resident partition
+slots -> CPU row cache -> PQ codes (outermost hop of hybrid training batches) or disk.
+
+Budget (``--memory-budget``, per machine): :func:`ooc.data.budget.plan_budget`; the runtime itself
+(interpreter, torch, Numba, model and autograd workspace) is the stated fixed overhead per process
+(``rss_baseline_bytes``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from ooc.contracts import Batch, EdgePairs, Graph, Job, Plan, SingleProcess
+from ooc.data.budget import BudgetPlan, RssMonitor, plan_budget, release_free_memory
+from ooc.data.buffer import BufferManager, make_buffer
+from ooc.data.loader import BuildFn, Loader
+from ooc.data.ordering import ORDERINGS, node_swap_lower_bound
+from ooc.data.plan import plan_bucket_states, plan_cluster_states, plan_exact, plan_own, plan_states
+from ooc.data.resident import ResidentGraph
+from ooc.data.shared import shared_array
+from ooc.features.cache import POLICIES, CachedFeature
+from ooc.features.tiers import MissRows
+from ooc.kernels.partition import contiguous_partitions
+from ooc.kernels.rng import batch_key
+from ooc.kernels.sampling import MiniBatch, excluded_edge_keys
+from ooc.models import to_torch_blocks
+from ooc.sampling.samplers import (NeighborSampler, Sampler, check_sampler, make_sampler,
+                                   partition_clusters)
+from ooc.storage.dataset import Dataset
+from ooc.storage.io import DiskRows, NeighborReader
+from ooc.util.sizes import format_bytes, parse_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ooc.config import TrainConfig
+    from ooc.features.device import DeviceFeatureCache
+    from ooc.features.pq import CompressedRows
+
+__all__ = ["MODES", "DataPath", "build_data_path", "validate_data_options"]
+
+log = logging.getLogger("ooc.data")
+
+MODES = ("exact", "buffer", "hybrid")
+
+
+def validate_data_options(cfg: "TrainConfig") -> None:
+    """Check the data-path fields of a TrainConfig and every combination that cannot work.
+
+    Raises:
+        ValueError: naming the option and why.
+    """
+    if cfg.mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {cfg.mode!r}")
+    if cfg.ordering not in ORDERINGS:
+        raise ValueError(f"ordering must be one of {', '.join(ORDERINGS)}, got {cfg.ordering!r}")
+    if cfg.cache_policy not in (*POLICIES, "none"):
+        raise ValueError(f"cache policy must be one of {', '.join(POLICIES)} or none, got "
+                         f"{cfg.cache_policy!r}")
+    for opt in ("memory_budget", "cache_size", "device_cache"):
+        if getattr(cfg, opt):
+            parse_bytes(getattr(cfg, opt))
+    if cfg.topology not in ("memory", "mmap", "disk"):
+        raise ValueError(f"topology must be memory, mmap or disk, got {cfg.topology!r}")
+    if cfg.miss_features not in ("disk", "pq"):
+        raise ValueError(f"miss_features must be disk or pq, got {cfg.miss_features!r}")
+    if cfg.miss_features == "pq" and cfg.mode != "hybrid":
+        raise ValueError(f"--miss-features pq applies to --mode hybrid only (got --mode {cfg.mode}: "
+                         "exact reads exact rows, buffer has no misses)")
+    if cfg.task == "link" and cfg.topology == "disk":
+        raise ValueError("--task link with --topology disk: the edge split needs every edge and the "
+                         "message-passing graph of the training edges is built in memory; use "
+                         "--topology memory or mmap")
+    check_sampler(cfg.sampler, cfg.mode, cfg.topology, cfg.task)
+
+
+def _offsets(cfg: "TrainConfig", ds: Dataset) -> np.ndarray:
+    """The dataset's stored ``partitions/offsets`` when their count equals ``cfg.partitions`` (or
+    ``cfg.partitions`` is 0), else ``cfg.partitions`` contiguous ranges."""
+    stored = ds.partition_offsets
+    if stored is not None and (cfg.partitions == stored.shape[0] - 1 or cfg.partitions == 0):
+        return stored
+    return contiguous_partitions(ds.num_nodes, cfg.partitions or 1)
+
+
+class DataPath:
+    """The run's data path (see the module docstring); built by :func:`build_data_path`.
+
+    Attributes:
+        cfg, ds, job: configuration, dataset, this process's place in the job.
+        graph: the message-passing topology (the training edges' graph for link prediction).
+        labels: int [N] (or [N, C]); offsets: int64 [P+1] partitions.
+        budget: the :class:`~ooc.data.budget.BudgetPlan`.
+        buffer: the machine's :class:`~ooc.data.buffer.BufferManager`; misses: the tiers behind it.
+        cache: the CPU row cache or None; pq: the PQ codes or None; device_cache: set by
+            :meth:`attach_device_cache`.
+        sampler: the training sampler (over the whole graph); resident: the buffer-mode subgraph.
+        loader: the :class:`~ooc.data.loader.Loader`.
+    """
+
+    def __init__(self, cfg: "TrainConfig", ds: Dataset, job: Job, graph: Graph, labels: np.ndarray,
+                 offsets: np.ndarray, budget: BudgetPlan, buffer: BufferManager, misses: MissRows,
+                 sampler: Sampler, readers: list, rss: RssMonitor) -> None:
+        self.cfg, self.ds, self.job = cfg, ds, job
+        self.mode = cfg.mode
+        self.graph = graph
+        self.labels = labels
+        self.offsets = offsets
+        self.budget = budget
+        self.buffer = buffer
+        self.misses = misses
+        self.cache = misses.cache
+        self.pq = misses.pq
+        self.device_cache: "DeviceFeatureCache | None" = None
+        self.sampler = sampler
+        self.readers = readers
+        self.rss = rss
+        self.resident = ResidentGraph(buffer, graph.indptr, graph.indices) \
+            if cfg.mode == "buffer" else None
+        self._state_sampler: tuple[tuple | None, Sampler | None] = (None, None)
+        self.loader = Loader(buffer, budget.prefetch)
+        if self.resident is not None:
+            self.loader.on_state = self.resident.build
+        self.shared_bytes = 0  # shared-memory segments of this machine (set by build_data_path)
+        self._plans: dict[tuple, Plan] = {}
+        self._last_plan: Plan | None = None
+        self.totals = {"bytes_read": 0, "row_hits": 0, "row_misses": 0}
+        self._setup = None
+        if cfg.mode == "exact" and buffer.capacity:
+            buffer.require(list(range(buffer.capacity)), [], ticket=1)  # static residency
+            self._setup = buffer.reset_stats()  # its loads count in the first epoch's record
+
+    # ---------------------------------------------------------------- shape of the data
+    @property
+    def num_nodes(self) -> int:
+        return self.graph.num_nodes
+
+    @property
+    def feat_shape(self) -> tuple[int, ...]:
+        return tuple(self.buffer.features.shape)
+
+    def part_of(self, ids: np.ndarray) -> np.ndarray:
+        """int64 partition of each node id."""
+        return np.searchsorted(self.offsets, ids, side="right") - 1
+
+    # ---------------------------------------------------------------- planning
+    def plan_nodes(self, ids: np.ndarray, batch_size: int, epoch: int) -> Plan:
+        """The global plan of node ``ids`` for ``epoch`` (batches of ``batch_size`` seeds): the
+        sampler's own batches (ClusterGCN, GraphSAINT), a uniform shuffle (``exact``) or buffer
+        states (``buffer`` / ``hybrid``).  State plans of successive epochs chain (each epoch
+        begins with the previous one's last state), so they are computed in order and memoised."""
+        c, b = self.cfg, self.budget
+        if c.mode == "exact":
+            own = self.sampler.plan_batches(ids, batch_size, c.seed, epoch)
+            return plan_own(own) if own is not None else plan_exact(ids, batch_size, c.seed, epoch)
+        key0 = ("nodes", int(ids.shape[0]), int(ids.sum()), batch_size)
+        for e in range(epoch + 1):
+            if (key0, e) in self._plans:
+                continue
+            prev = self._plans.get((key0, e - 1))
+            start = prev.states[-1] if prev is not None and prev.states else None
+            if c.sampler == "cluster":
+                cl = self.sampler.cluster_of  # type: ignore[attr-defined]
+                part_of_cluster = np.zeros(int(cl.max()) + 1 if cl.size else 0, dtype=np.int64)
+                part_of_cluster[cl] = self.part_of(np.arange(cl.shape[0]))
+                p = plan_cluster_states(cl[ids], ids, part_of_cluster, b.num_parts, b.state_slots,
+                                        c.clusters_per_batch, c.seed, e, c.ordering, b.group, start)
+            else:
+                p = plan_states(ids, self.part_of(ids), b.num_parts, b.state_slots, batch_size,
+                                c.seed, e, c.ordering, b.group, start,
+                                mix=c.hybrid_mix if c.mode == "hybrid" else 0.0)
+            self._plans[(key0, e)] = p
+            self._plans.pop((key0, e - 2), None)
+        return self._plans[(key0, epoch)]
+
+    def plan_edges(self, part_src: np.ndarray, part_dst: np.ndarray, batch_size: int,
+                   epoch: int) -> Plan:
+        """The global plan of ``M`` training edges (ids ``0..M-1``; ``part_src``/``part_dst``: the
+        partitions of their endpoints): a uniform shuffle (``exact``) or edge-bucket states."""
+        c, b = self.cfg, self.budget
+        m = part_src.shape[0]
+        if c.mode == "exact":
+            return plan_exact(np.arange(m, dtype=np.int64), batch_size, c.seed, epoch)
+        return plan_bucket_states(part_src, part_dst, b.num_parts, b.state_slots, batch_size,
+                                  c.seed, epoch)
+
+    def global_batch_size(self) -> int:
+        """Seeds per global batch: ``batch_size`` per rank, over every rank of the job (``exact``
+        or one machine) or of one machine (states divided among machines, see
+        :func:`ooc.data.plan.shard_plan`)."""
+        j = self.job
+        per = j.local_world_size if (self.cfg.mode != "exact" and j.num_machines > 1) else j.world_size
+        return self.cfg.batch_size * per
+
+    # ---------------------------------------------------------------- batches
+    def iterate(self, plan: Plan, epoch: int, start: int = 0, build: BuildFn | None = None
+                ) -> Iterator[Batch]:
+        """Steps ``start..`` of ``plan`` (node batches unless ``build`` is given)."""
+        self._last_plan = plan
+        return self.loader.iterate(plan, epoch, start, build or self.node_batch)
+
+    def _tensor(self, rows: np.ndarray, native: bool = False) -> torch.Tensor:
+        """``rows`` as a tensor: float32, row-normalised with ``feat_norm='row'``; with ``native``
+        and no normalisation, the storage dtype (a float16 store gives half the bytes; the trainer
+        converts after the copy to the device)."""
+        x = torch.from_numpy(rows)
+        if native and self.cfg.feat_norm != "row" and x.is_floating_point():
+            return x
+        x = x.float()
+        if self.cfg.feat_norm == "row":
+            s = x.sum(1, keepdim=True)
+            x = x / torch.where(s == 0, torch.ones_like(s), s)
+        return x
+
+    def features(self, ids: np.ndarray) -> torch.Tensor:
+        """float32 feature rows [len(ids), D] of global ``ids``, exact, normalised as in training
+        (slots, then CPU cache or disk)."""
+        return self._tensor(self.buffer.gather(ids)[0])
+
+    def to_input(self, rows: np.ndarray) -> torch.Tensor:
+        """Stored rows as the model's float32 input (normalised as in training)."""
+        return self._tensor(rows)
+
+    def _inputs(self, mb: MiniBatch, to_global: np.ndarray | None, slot_local: np.ndarray | None,
+                approx_from: int | None) -> tuple[torch.Tensor, Any]:
+        """The input rows of ``mb``: device cache hits, the rest through the host tiers (slot-local
+        rows in buffer mode)."""
+        nodes = mb.input_nodes if to_global is None else to_global
+        split = None
+        pos = None
+        if self.device_cache is not None:
+            pos, split = self.device_cache.split(nodes)
+        if slot_local is not None:
+            rows = self.buffer.gather_local(slot_local if pos is None else slot_local[pos])
+        else:
+            ids = nodes if pos is None else nodes[pos]
+            af = approx_from
+            if af is not None and pos is not None:
+                af = int(np.searchsorted(pos, af))
+            rows = self.buffer.gather(ids, af)[0]
+        x = self._tensor(rows, native=True)
+        if split is not None and self.device_cache is not None and self.device_cache.pin and x.numel():
+            x = x.pin_memory()  # the trainer copies it with non_blocking=True
+        return x, split
+
+    def sample(self, seeds: np.ndarray, key: int | np.uint64, state: int,
+               exclude: tuple[np.ndarray, np.ndarray] | None = None, approx: bool = False
+               ) -> tuple[MiniBatch, np.ndarray, list, torch.Tensor, Any, float]:
+        """Sample around global ``seeds`` and gather the input rows.
+
+        Args:
+            seeds: int64 global seed ids (all in the state's partitions in buffer mode).
+            key: the batch's random stream key; state: its buffer state (-1: none).
+            exclude: ``(src, dst)`` global edges the sampler must not draw.
+            approx: outer-hop misses may be decoded from PQ codes (hybrid training batches).
+
+        Returns:
+            ``(sample, global output ids, blocks, x, device-cache split, sampling seconds)``.
+        """
+        t0 = time.perf_counter()
+        rg = self.resident
+        if rg is not None and state >= 0:
+            skey = rg.key
+            if self._state_sampler[0] != skey:
+                self._state_sampler = (skey, self.sampler.on(rg.indptr, rg.indices, rg.local_to_global))
+            smp = self._state_sampler[1]
+            ex = None
+            if exclude is not None:
+                ex = excluded_edge_keys(rg.to_local(exclude[0]), rg.to_local(exclude[1]))
+            mb = smp.sample(rg.to_local(seeds), key, exclude=ex)  # type: ignore[union-attr]
+            blocks = to_torch_blocks(mb, rg.degrees)
+            t1 = time.perf_counter()
+            local_in = mb.input_nodes
+            x, split = self._inputs(mb, rg.local_to_global[local_in], rg.to_slot_local(local_in), None)
+            out = rg.local_to_global[mb.seeds]
+        else:
+            ex = None if exclude is None else excluded_edge_keys(exclude[0], exclude[1])
+            mb = self.sampler.sample(seeds, key, exclude=ex)
+            blocks = to_torch_blocks(mb, self.graph.degrees)
+            t1 = time.perf_counter()
+            af = mb.blocks[0].num_dst if (approx and self.pq is not None and state >= 0
+                                          and mb.blocks) else None
+            x, split = self._inputs(mb, None, None, af)
+            out = mb.seeds
+        return mb, out, blocks, x, split, t1 - t0
+
+    def node_batch(self, index: int, seeds: np.ndarray, epoch: int, state: int = -1,
+                   key_index: int | None = None) -> Batch:
+        """One node-classification training batch (its state resident)."""
+        t0 = time.perf_counter()
+        key = batch_key(self.cfg.seed, epoch, index if key_index is None else key_index)
+        mb, out, blocks, x, split, ts = self.sample(seeds, key, state, approx=True)
+        y = torch.from_numpy(np.asarray(self.labels[out]).astype(np.int64))
+        lw = None if mb.node_weight is None else torch.from_numpy(mb.node_weight.astype(np.float32))
+        return Batch(index, out, blocks, x, y, mb.num_sampled_edges, ts, time.perf_counter() - t0 - ts,
+                     split, lw)
+
+    def link_batch(self, index: int, edges: np.ndarray, epoch: int, state: int, key_index: int,
+                   neg_ratio: int) -> Batch:
+        """One link-prediction training batch: the positive ``edges`` (int64 [B, 2] global), then
+        ``neg_ratio`` uniform negative tails per positive (over all nodes; over the resident
+        partitions' nodes in buffer mode), drawn from a generator keyed by (seed, epoch, batch);
+        the MFGs are sampled around the unique endpoints with the positive edges (both
+        directions) removed."""
+        t0 = time.perf_counter()
+        b = edges.shape[0]
+        rng = np.random.default_rng([self.cfg.seed, epoch, key_index, 0x4E6])
+        rg = self.resident
+        if rg is not None and state >= 0:
+            pool = rg.local_to_global[rg.local_to_global >= 0]
+            neg = pool[rng.integers(0, pool.shape[0], size=b * neg_ratio)]
+        else:
+            neg = rng.integers(0, self.num_nodes, size=b * neg_ratio, dtype=np.int64)
+        nodes = np.concatenate([edges[:, 0], edges[:, 1], neg])
+        uniq, inv = np.unique(nodes, return_inverse=True)
+        src, dst = edges[:, 0], edges[:, 1]
+        excl = (np.concatenate([src, dst]), np.concatenate([dst, src]))
+        key = batch_key(self.cfg.seed, epoch, key_index)
+        mb, out, blocks, x, split, ts = self.sample(uniq, key, state, exclude=excl)
+        inv_t = torch.from_numpy(inv.astype(np.int64))
+        pairs = EdgePairs(inv_t[:b], inv_t[b:2 * b], inv_t[:b].repeat_interleave(neg_ratio),
+                          inv_t[2 * b:])
+        y = torch.zeros(out.shape[0], dtype=torch.int64)
+        return Batch(index, out, blocks, x, y, mb.num_sampled_edges, ts, time.perf_counter() - t0 - ts,
+                     split, None, pairs)
+
+    def eval_sampler(self, fanouts: list[int]) -> NeighborSampler:
+        """Node-wise sampler over the whole graph with ``fanouts`` (``-1``: full neighbourhoods)."""
+        g = self.graph
+        return NeighborSampler(g.indptr, g.indices, fanouts, replace=self.cfg.replace, reader=g.reader
+                               if g.indices is None else None)
+
+    def eval_batch(self, index: int, seeds: np.ndarray, sampler: NeighborSampler) -> Batch:
+        """An evaluation batch: exact rows, keyed by ``batch_key(seed, -1, index)``."""
+        t0 = time.perf_counter()
+        mb = sampler.sample(seeds, batch_key(self.cfg.seed, -1, index))
+        blocks = to_torch_blocks(mb, self.graph.degrees)
+        t1 = time.perf_counter()
+        x, split = self._inputs(mb, None, None, None)
+        y = torch.from_numpy(np.asarray(self.labels[mb.seeds]).astype(np.int64))
+        return Batch(index, mb.seeds, blocks, x, y, mb.num_sampled_edges, t1 - t0,
+                     time.perf_counter() - t1, split)
+
+    def partition_rows(self, p: int) -> np.ndarray | None:
+        """The stored rows of partition ``p`` when it is not resident (one sequential read, counted
+        in the buffer's bytes), or None when it is (layer-wise inference reads partition by
+        partition without moving the buffer)."""
+        if self.buffer.slot_of[p] >= 0:
+            return None
+        a, b = int(self.offsets[p]), int(self.offsets[p + 1])
+        rows = self.buffer.features.read_rows(a, b)
+        self.buffer.stats.bytes_read += int(rows.nbytes)
+        return rows
+
+    # ---------------------------------------------------------------- device cache
+    def attach_device_cache(self, device: torch.device, plan0: Plan) -> "DeviceFeatureCache | None":
+        """Build the ``--device-cache`` (None without one): its hot nodes by out-degree (PaGraph)
+        or by pre-sampling ``plan0``'s batches over the whole graph (GNNLab), rows exact and
+        normalised as the loader's."""
+        if not self.cfg.device_cache:
+            return None
+        from ooc.features.device import DeviceFeatureCache, access_counts, hot_nodes
+        t0 = time.perf_counter()
+        n = self.num_nodes
+        dim = int(np.prod(self.feat_shape[1:], dtype=np.int64))
+        budget = parse_bytes(self.cfg.device_cache)
+        keys = [plan0.key(i) for i in range(len(plan0))]
+        ids = hot_nodes(self.cfg.device_cache_policy, budget, dim, n, self.graph.indices,
+                        lambda: access_counts(self.sampler, plan0.batches, keys, self.cfg.seed, 0, n))
+        cache = DeviceFeatureCache.fill(self.features, ids, n, device, self.cfg.device_cache_policy)
+        self.device_cache = cache
+        log.info("device cache on %s: %d of %d rows (%.1f MiB, %s) filled in %.2f s", device,
+                 ids.shape[0], n, cache.nbytes / 2**20, self.cfg.device_cache_policy,
+                 time.perf_counter() - t0)
+        return cache
+
+    # ---------------------------------------------------------------- statistics
+    def reset_stats(self) -> None:
+        """Start the epoch's counters (buffer, tiers, device cache, loader stall)."""
+        self.buffer.reset_stats()
+        if self.cache is not None:
+            self.cache.reset_stats()
+        self.misses.reset_stats()
+        if self.device_cache is not None:
+            self.device_cache.reset_stats()
+        for r in self.readers:
+            r.counters.bytes_read = 0
+        self.loader.stall_s = 0.0
+
+    def device_cache_stats(self) -> dict:
+        """The device cache's counters since the last reset (then reset); {} without one."""
+        return self.device_cache.reset_stats() if self.device_cache is not None else {}
+
+    def postfix(self) -> dict:
+        """Short live figures for the progress bar."""
+        st = self.buffer.stats
+        d: dict = {"hit": f"{st.hit_ratio:.3f}", "read": format_bytes(st.bytes_read).replace(" ", "")}
+        if self.cache is not None and self.cache.capacity:
+            d["cache"] = f"{self.cache.stats.hit_ratio:.3f}"
+        if self.cfg.mode != "exact":
+            d["swaps"] = st.swaps
+        return d
+
+    def epoch_stats(self) -> dict:
+        """The epoch's counters (then reset): bytes read (features and topology), buffer and cache
+        hit ratios, loads and swaps (with the lower bound), rows decoded from PQ codes, I/O wait,
+        loader stall, peak RSS."""
+        self.buffer.drain()
+        st = self.buffer.reset_stats()
+        if self._setup is not None:
+            for k in ("bytes_read", "bytes_read_loads", "partition_loads", "load_s", "io_wait_s"):
+                setattr(st, k, getattr(st, k) + getattr(self._setup, k))
+            self._setup = None
+        d = st.as_dict()
+        topo = sum(r.counters.bytes_read for r in self.readers)
+        for r in self.readers:
+            r.counters.bytes_read = 0
+        d["topology_bytes_read"] = topo
+        d["bytes_read"] += topo
+        d["approx_rows"] = d["approx_rows"] + self.misses.reset_stats()
+        if self.cache is not None:
+            d.update(self.cache.reset_stats().as_dict())
+        else:
+            d.update(cache_hits=0, cache_misses=0, cache_hit_ratio=0.0, cache_bytes_read=0)
+        plan = self._last_plan
+        if self.cfg.mode != "exact":
+            d["swaps_lower_bound"] = node_swap_lower_bound(self.budget.num_parts, self.budget.slots)
+            d["planned_swaps"] = plan.swaps if plan is not None else 0
+            d["buffer_states"] = len(plan.states) if plan is not None else 0
+        d["stall_s"] = self.loader.stall_s
+        self.loader.stall_s = 0.0
+        d["peak_rss_bytes"] = self.rss.peak()
+        d["peak_private_bytes"] = self.rss.peak_private()
+        d["shared_bytes"] = self.shared_bytes if self.job.local_rank == 0 else 0
+        release_free_memory()
+        self.rss.reset_peak()
+        for k in ("bytes_read", "row_hits", "row_misses"):
+            self.totals[k] += int(d[k])
+        return d
+
+    def summary(self) -> dict:
+        """Run facts for metrics.json."""
+        b = self.buffer
+        return {"mode": self.cfg.mode, "buffer_bytes": b.nbytes, "buffer_alloc_bytes": b.alloc_bytes,
+                "cache_bytes": self.cache.nbytes if self.cache is not None else 0,
+                "dataset_feature_bytes": self.ds.features.nbytes,
+                "budget": self.budget.as_dict(), "rss_baseline_bytes": self.rss.baseline,
+                "direct_io": bool(self.cfg.direct_io), "num_parts": self.budget.num_parts,
+                "resident_partitions": self.budget.state_slots,
+                "miss_features": "pq" if self.pq is not None else "disk",
+                "hybrid_mix": self.cfg.hybrid_mix if self.cfg.mode == "hybrid" else 0.0,
+                "shared_buffer": b.shared, "buffer_role": b.role,
+                "prefetch": self.budget.prefetch}
+
+    def close(self) -> None:
+        self.buffer.close()
+        self.misses.close()
+        for r in self.readers:
+            r.close()
+        if self.buffer.topo_rows is not None:
+            self.buffer.topo_rows.close()
+
+
+def _topology(cfg: "TrainConfig", ds: Dataset, job: Job,
+              override: tuple[np.ndarray, np.ndarray] | None) -> tuple[Graph, list]:
+    """The message-passing graph: ``override`` (link prediction's training graph) or the
+    dataset's topology in memory (one copy per machine), mapped, or on disk (indptr in memory,
+    lists read page-aligned)."""
+    readers: list = []
+    if override is not None:
+        ip, ix = override
+        indptr = shared_array(job, "indptr", ip.shape, ip.dtype, lambda o: o.__setitem__(..., ip))
+        indices = shared_array(job, "indices", ix.shape, ix.dtype, lambda o: o.__setitem__(..., ix))
+    else:
+        rip = ds.raw("indptr")
+        indptr = shared_array(job, "indptr", tuple(rip.shape), rip.dtype,
+                              lambda o: rip.read(0, rip.shape[0], o))
+        indices = None
+        if cfg.topology == "memory":
+            rix = ds.raw("indices")
+            indices = shared_array(job, "indices", tuple(rix.shape), rix.dtype,
+                                   lambda o: rix.read(0, rix.shape[0], o))
+        elif cfg.topology == "mmap":
+            indices = ds.raw("indices").mmap()
+    reader = None
+    if indices is None:
+        reader = NeighborReader(ds.raw("indices"), indptr, direct=cfg.direct_io)
+        readers.append(reader)
+    degrees = shared_array(job, "degrees", (indptr.shape[0] - 1,), np.int64,
+                           lambda o: np.subtract(indptr[1:], indptr[:-1], out=o))
+    return Graph(indptr, indices, degrees, reader), readers
+
+
+def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
+                    rss: RssMonitor | None = None, task: str = "node",
+                    topology: tuple[np.ndarray, np.ndarray] | None = None,
+                    train_ids: np.ndarray | None = None) -> DataPath:
+    """Build the data path of ``cfg`` under ``cfg.memory_budget`` (the one factory; every rank of
+    a job calls it at the same point).
+
+    Args:
+        cfg: the run configuration (validated).
+        ds: the dataset; job: this process's place in the job (default: one process).
+        rss: the RSS monitor whose baseline is the runtime's overhead.
+        task: ``node`` or ``link`` (edge-bucket states need 2 partitions per state).
+        topology: ``(indptr, indices)`` to sample from instead of the dataset's (link prediction's
+            training graph).
+        train_ids: the training nodes (GraphSAINT's roots; default the dataset's ``train`` split).
+
+    Raises:
+        ValueError: bad options, or a budget that cannot hold the mode's minimum.
+        DatasetError: ``--miss-features pq`` without codes.
+    """
+    validate_data_options(cfg)
+    job = job or SingleProcess()
+    rss = rss or RssMonitor()
+    offsets = _offsets(cfg, ds)
+    budget_bytes = parse_bytes(cfg.memory_budget) if cfg.memory_budget else None
+    cache_size = parse_bytes(cfg.cache_size) if cfg.cache_size else None
+    pq_need = 0
+    if cfg.miss_features == "pq":
+        from ooc.features.pq import open_compressed, pq_bytes
+        pq_need = pq_bytes(ds)
+        if not pq_need:
+            open_compressed(ds)  # raises the "run ooc compress" error
+    # a device cache kept in host memory (CPU runs) is host memory of every rank
+    host_cache = parse_bytes(cfg.device_cache) if cfg.device_cache and job.device.type == "cpu" else 0
+    host_cache += 4 * ds.num_nodes if cfg.device_cache else 0  # node -> row map
+    kw: dict[str, Any] = dict(local_world=job.local_world_size, share=cfg.shared_buffer,
+                              per_rank_extra=host_cache, min_state=2 if task == "link" else 1,
+                              topology_edges=int(topology[1].shape[0]) if topology is not None else None)
+    args = (cfg.mode, budget_bytes, ds, offsets, cfg.topology, cfg.batch_size, cfg.fanouts,
+            cfg.prefetch, cfg.hidden, cfg.buffer_partitions, cache_size, cfg.cache_policy,
+            cfg.ordering, cfg.eval_batch_size, cfg.eval_fanouts)
+    plan = plan_budget(*args, compressed=pq_need, **kw)
+    approx: "CompressedRows | None" = None
+    if pq_need and plan.slots >= plan.num_parts:  # everything resident: nothing to decode
+        plan = plan_budget(*args, **kw)
+        log.info("every partition is resident: PQ codes not loaded")
+    elif pq_need:
+        from ooc.features.pq import open_compressed
+        approx = open_compressed(ds, lambda shape, dtype, fill: shared_array(job, "pq", shape, dtype,
+                                                                               fill))
+    if plan.prefetch < cfg.prefetch:
+        log.info("prefetch depth %d -> %d to fit the batches in flight into the budget",
+                 cfg.prefetch, plan.prefetch)
+    graph, readers = _topology(cfg, ds, job, topology)
+    labels = ds.labels if ds.has("labels") else np.zeros(ds.num_nodes, dtype=np.int32)
+    feats = DiskRows(ds.features, direct=cfg.direct_io, threads=max(1, min(8, cfg.io_depth)),
+                     gap=cfg.io_gap if cfg.direct_io else 0, aio_depth=max(1, cfg.io_depth))
+    cache = None
+    rows_each = plan.cache_rows // max(job.local_world_size, 1)  # the ranks split the cache
+    if rows_each > 0 and cfg.cache_policy != "none":
+        cache = CachedFeature(feats, rows_each, cfg.cache_policy)
+    misses = MissRows(feats, cache, approx)
+    topo_rows = None
+    if cfg.mode == "buffer" and graph.indices is None:
+        topo_rows = DiskRows(ds.raw("indices"), direct=cfg.direct_io,
+                             threads=max(1, min(4, cfg.io_depth)), aio_depth=0)
+    buffer = make_buffer(job, feats, offsets, plan.slots, misses, io_threads=cfg.io_threads,
+                         topo_rows=topo_rows, indptr=graph.indptr if topo_rows is not None else None,
+                         share=cfg.shared_buffer)
+    ids = ds.split("train") if train_ids is None else train_ids
+    cluster_of = None
+    if cfg.sampler == "cluster" and cfg.mode != "exact":  # clusters inside partitions
+        cluster_of = partition_clusters(graph.indptr, graph.indices, offsets,
+                                        min(cfg.num_clusters, graph.num_nodes), cfg.seed)
+    sampler = make_sampler(cfg.sampler, graph.indptr, graph.indices, cfg.fanouts, train_ids=ids,
+                           replace=cfg.replace, batch_size=cfg.batch_size, layer_size=cfg.layer_size,
+                           num_clusters=cfg.num_clusters, clusters_per_batch=cfg.clusters_per_batch,
+                           walk_length=cfg.walk_length, seed=cfg.seed, reader=graph.reader,
+                           cluster_of=cluster_of)
+    log.info("mode %s: %d of %d partitions resident (%d per state), slot %s, cache %d rows (%s), "
+             "budget %s%s", cfg.mode, plan.slots, plan.num_parts, plan.state_slots,
+             format_bytes(plan.slot), plan.cache_rows, format_bytes(plan.cache),
+             format_bytes(plan.budget) if plan.budget else "none",
+             f" for {job.local_world_size} local ranks" if job.local_world_size > 1 else "")
+    data = DataPath(cfg, ds, job, graph, labels, offsets, plan, buffer, misses, sampler, readers, rss)
+    if job.local_world_size > 1:  # what the machine's ranks hold once
+        data.shared_bytes = (buffer.alloc_bytes if buffer.shared else 0) + graph.indptr.nbytes \
+            + graph.degrees.nbytes + (graph.indices.nbytes if cfg.topology == "memory" or
+                                      topology is not None else 0) \
+            + (approx.codes.nbytes if approx is not None else 0)
+    return data

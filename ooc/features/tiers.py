@@ -1,0 +1,83 @@
+"""The feature tiers behind the partition slots, as one fallback wrapper.
+
+A row is looked up, in order, in the device cache (on the loader thread,
+:mod:`ooc.features.device`), the resident partition slots (:class:`ooc.data.buffer.BufferManager`),
+then here: the CPU row cache (:class:`~ooc.features.cache.CachedFeature`, optional), then the PQ
+codes (:class:`~ooc.features.pq.CompressedRows`, optional: only rows a caller allows to be
+approximate -- the outermost hop of a hybrid training batch) or the disk
+(:class:`~ooc.storage.io.DiskRows`, batched coalesced reads).  Exact rows read from disk are
+admitted to the cache; decoded rows never are.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ooc.features.cache import CachedFeature
+from ooc.features.pq import CompressedRows
+from ooc.storage.io import DiskRows
+
+__all__ = ["MissRows"]
+
+
+class MissRows:
+    """Rows that missed the partition slots: CPU cache -> PQ codes (approximable rows) or disk.
+
+    Args:
+        disk: the reader of the feature array.
+        cache: a CPU row cache in front of ``disk`` (None: none).
+        pq: the PQ codes (None: approximable rows are read exactly).
+
+    Attributes:
+        approx_rows: rows decoded from PQ codes since the last :meth:`reset_stats`.
+    """
+
+    def __init__(self, disk: DiskRows, cache: CachedFeature | None = None,
+                 pq: CompressedRows | None = None) -> None:
+        if cache is not None and cache.fallback is not disk:
+            raise ValueError("the CPU cache must read through the disk tier")
+        self.disk = disk
+        self.cache = cache
+        self.pq = pq
+        self.shape = tuple(disk.shape)
+        self.dtype = np.dtype(disk.dtype)
+        self.approx_rows = 0
+
+    def reset_stats(self) -> int:
+        """Rows decoded since the last call (then 0)."""
+        n, self.approx_rows = self.approx_rows, 0
+        return n
+
+    def _exact(self, ids: np.ndarray) -> tuple[np.ndarray, int]:
+        if self.cache is not None:
+            return self.cache.gather(ids)
+        return self.disk.gather(ids)
+
+    def gather(self, ids: np.ndarray, approx_from: int | None = None) -> tuple[np.ndarray, int]:
+        """Rows of ``ids`` (int64 [n]): ``(rows [n, *row_shape] storage dtype, bytes read)``.
+
+        Rows at positions ``>= approx_from`` are decoded from the PQ codes unless the CPU cache
+        holds them; without codes (or ``approx_from`` None) every row is exact.
+        """
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        if approx_from is None or self.pq is None or approx_from >= ids.shape[0]:
+            return self._exact(ids)
+        cut = max(int(approx_from), 0)
+        out = np.empty((ids.shape[0], *self.shape[1:]), dtype=self.dtype)
+        nbytes = 0
+        if cut:
+            out[:cut], nbytes = self._exact(ids[:cut])
+        far = ids[cut:]
+        if self.cache is not None:
+            rows, found = self.cache.peek(far)
+            out[cut:][found] = rows[found]
+            need = np.flatnonzero(~found)
+        else:
+            need = np.arange(far.shape[0])
+        if need.shape[0]:
+            out[cut + need] = self.pq.gather(far[need])[0]
+            self.approx_rows += int(need.shape[0])
+        return out, int(nbytes)
+
+    def close(self) -> None:
+        self.disk.close()

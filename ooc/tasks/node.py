@@ -1,0 +1,248 @@
+"""Node classification: multi-class (cross-entropy, accuracy) or multi-label (binary
+cross-entropy, micro-F1) on any data path, in one process or data-parallel.
+
+Data parallelism is part of the task, not a wrapper: the plan is the global plan sharded for this
+rank (:func:`ooc.data.plan.shard_plan`), the loss of a step is scaled by the rank's share, the
+epoch's sums and the evaluation counts are all-reduced.  With one process (``SingleProcess``)
+every collective is the identity, so the same code is the single-process trainer.
+
+Evaluation (:meth:`NodeTask.evaluate`): the validation/test ids are split into ``world``
+contiguous slices; each rank counts (correct, total) -- micro-F1 counts for multi-label -- and the
+loss sum on its slice with full neighbourhoods (or ``--eval-fanout``), batches built ahead on the
+loader thread; the counts are all-reduced, so the score is exactly the single-process one.  A rank
+with no ids contributes zeros and still joins the all-reduce.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from ooc.config import TrainConfig, evaluation_fanouts
+from ooc.contracts import Batch, Job, Plan, SingleProcess
+from ooc.data.budget import RssMonitor
+from ooc.data.loader import prefetched
+from ooc.data.path import DataPath, build_data_path
+from ooc.data.plan import shard_plan
+from ooc.models import GNN
+from ooc.storage.dataset import Dataset
+
+__all__ = ["NodeTask", "scores", "node_loss_sum", "evaluate_nodes"]
+
+log = logging.getLogger("ooc.tasks")
+
+
+def scores(pred_logits: torch.Tensor, y: torch.Tensor, multilabel: bool) -> tuple[int, int, int, int]:
+    """``(correct, total, tp, fp_plus_fn)``: multi-class counts argmax hits; multi-label counts
+    true positives and errors of ``logit > 0`` (for micro-F1 = 2tp / (2tp + fp + fn))."""
+    if multilabel:
+        pred = pred_logits > 0
+        truth = y > 0.5
+        return 0, 0, int((pred & truth).sum()), int((pred ^ truth).sum())
+    return int((pred_logits.argmax(1) == y).sum()), int(y.shape[0]), 0, 0
+
+
+def node_loss_sum(logits: torch.Tensor, y: torch.Tensor, multilabel: bool) -> tuple[float, int]:
+    """Summed loss of a node task and the number of terms: cross-entropy over the nodes whose label
+    is not -1 (``logits`` [n, C], ``y`` int [n]), or binary cross-entropy over every entry
+    (``y`` [n, C] 0/1)."""
+    if multilabel:
+        return float(nn.functional.binary_cross_entropy_with_logits(
+            logits, y.float(), reduction="sum")), int(y.numel())
+    keep = y >= 0
+    if not bool(keep.any()):
+        return 0.0, 0
+    return float(nn.functional.cross_entropy(logits[keep], y[keep].long(), reduction="sum")), \
+        int(keep.sum())
+
+
+@torch.no_grad()
+def evaluate_nodes(model: nn.Module, data: DataPath, ids: np.ndarray, num_layers: int,
+                   batch_size: int, device: torch.device | str = "cpu", multilabel: bool = False,
+                   fanouts: list[int] | None = None, prefetch: int = 1) -> np.ndarray:
+    """Counts of a node evaluation on ``ids``: float64 ``[correct, total, tp, err, loss_sum,
+    loss_terms]`` (see :func:`scores`, :func:`node_loss_sum`).
+
+    Args:
+        ids: int64 node ids, in batches of ``batch_size``; batch ``i`` (starting at offset ``s``)
+            is keyed ``batch_key(seed, -1, s)``, so the result is deterministic for a seed.
+        num_layers: model depth; fanouts: neighbours per layer (output layer first); ``None`` = full
+            neighbourhoods (exact inference for these seeds).
+        prefetch: batches built ahead on the loader thread (0: in the caller's thread); the result
+            does not depend on it.
+
+    Raises:
+        ValueError: ``fanouts`` does not have ``num_layers`` entries.
+    """
+    fo = list(fanouts) if fanouts else [-1] * num_layers
+    if len(fo) != num_layers:
+        raise ValueError(f"evaluation fanouts {fo} need {num_layers} entries (one per layer)")
+    out = np.zeros(6, dtype=np.float64)
+    if ids.shape[0] == 0:
+        return out
+    device = torch.device(device)
+    model.eval()
+    sampler = data.eval_sampler(fo)
+    starts = list(range(0, ids.shape[0], batch_size))
+    it = prefetched(lambda j: data.eval_batch(starts[j], ids[starts[j]:starts[j] + batch_size], sampler),
+                    0, len(starts), prefetch, lambda s: None)
+    for b in it:
+        blocks, x = b.inputs(device)
+        logits = model(blocks, x).float().cpu()
+        c, t, p, e = scores(logits, b.y, multilabel)
+        s, n = node_loss_sum(logits, b.y, multilabel)
+        out += np.array([c, t, p, e, s, n], dtype=np.float64)
+    return out
+
+
+def _score(counts: np.ndarray, multilabel: bool) -> float:
+    correct, total, tp, err = counts[:4]
+    if multilabel:
+        return float(2 * tp / max(2 * tp + err, 1))
+    return float(correct / total) if total else 0.0
+
+
+class NodeTask:
+    """Node classification (see the module docstring).
+
+    Training seeds with label -1 are dropped; validation and test labels are only read by
+    :meth:`evaluate`, never by training (poisoning them changes no loss or weight; tested).
+
+    Args:
+        cfg: the run configuration; ds: the dataset; job: this process's place in the job
+            (default one process); rss: the RSS monitor of the run.
+
+    Raises:
+        ValueError: no training nodes, or a combination of options that cannot work.
+    """
+
+    name = "node"
+    select = "val_acc"
+    test_key = "test_acc"
+
+    def __init__(self, cfg: TrainConfig, ds: Dataset, job: Job | None = None,
+                 rss: RssMonitor | None = None) -> None:
+        self.cfg, self.ds = cfg, ds
+        self.job = job or SingleProcess()
+        labels = ds.labels
+        self.multilabel = labels.ndim == 2
+        train_ids = ds.split("train")
+        if not self.multilabel:
+            keep = labels[train_ids] >= 0
+            if not keep.all():
+                log.warning("%d training nodes without a label (-1) are skipped", int((~keep).sum()))
+            train_ids = train_ids[keep]
+        if train_ids.shape[0] == 0:
+            raise ValueError(f"{cfg.dataset}: no training nodes")
+        self.train_ids = train_ids
+        self.val_ids, self.test_ids = ds.split("valid"), ds.split("test")
+        if self.job.world_size > 1:
+            self._check_copies()
+        self.data = build_data_path(cfg, ds, self.job, rss, task="node", train_ids=train_ids)
+        self.out_dim = int(labels.shape[1]) if self.multilabel else \
+            int(ds.num_classes or int(labels.max()) + 1)
+        self.loss_fn: nn.Module = nn.BCEWithLogitsLoss() if self.multilabel else nn.CrossEntropyLoss()
+        self.metric = "micro_f1" if self.multilabel else "accuracy"
+        self._plan: Plan | None = None
+        self._plan_epoch = -1
+
+    def _check_copies(self) -> None:
+        """Every machine reads its own dataset copy: they must agree, or step counts would differ."""
+        ds, ids = self.ds, self.train_ids
+        mine = (int(ds.num_nodes), int(ds.num_edges), int(ds.feat_dim), int(ids.shape[0]),
+                int(ids.sum()), int(self.val_ids.shape[0]), int(self.test_ids.shape[0]))
+        every = self.job.all_gather_object(mine)
+        if len(set(every)) != 1:
+            raise ValueError("the ranks' dataset copies differ (nodes, edges, feature dim, train/valid/"
+                             f"test counts): {sorted(set(every))}; every machine needs the same dataset")
+
+    # ---------------------------------------------------------------- the loop's interface
+    def prepare_model(self, model: GNN) -> None:
+        """Nothing to attach (the last layer's width is :attr:`out_dim`)."""
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.plan(0))
+
+    def plan(self, epoch: int) -> Plan:
+        """This rank's share of the epoch's global plan (memoised for the current epoch)."""
+        if self._plan is None or self._plan_epoch != epoch:
+            j = self.job
+            full = self.data.plan_nodes(self.train_ids, self.data.global_batch_size(), epoch)
+            self._plan = shard_plan(full, j.rank, j.world_size, j.local_world_size)
+            self._plan_epoch = epoch
+        return self._plan
+
+    def batches(self, plan: Plan, epoch: int, start: int) -> Iterator[Batch]:
+        return self.data.iterate(plan, epoch, start)
+
+    def loss(self, model: nn.Module, batch: Batch, device: torch.device) -> tuple[torch.Tensor, dict]:
+        blocks, x = batch.inputs(device)
+        logits = model(blocks, x).float()
+        y = batch.y.to(device)
+        if self.multilabel:
+            y = y.float()
+        lw = batch.loss_weight
+        if lw is None or self.multilabel:
+            loss = self.loss_fn(logits, y)
+        else:  # GraphSAINT normalisation: sum of per-seed losses weighted by 1 / (seed probability)
+            loss = (nn.functional.cross_entropy(logits, y, reduction="none") * lw.to(device)).sum()
+        c, t, tp, err = scores(logits.detach().cpu(), batch.y, self.multilabel)
+        st = {"seen": int(batch.y.shape[0]), "correct": c, "tp": tp, "err": err,
+              "edges": batch.num_edges, "sample_s": batch.sample_s, "gather_s": batch.gather_s,
+              "loss_value": float(loss.detach())}
+        plan = self._plan
+        if plan is not None and plan.weights is not None:
+            w = plan.weight(batch.index)
+            if not plan.counts(batch.index):  # a padding share: runs, counts for nothing
+                for k in ("seen", "correct", "tp", "err", "edges"):
+                    st[k] = 0
+            if w != 1.0:
+                loss = loss * w
+        return loss, st
+
+    def train_score(self, acc: dict) -> float:
+        if self.multilabel:
+            return 2 * acc["tp"] / max(2 * acc["tp"] + acc["err"], 1)
+        return acc["correct"] / max(acc["seen"], 1)
+
+    def epoch_end(self, acc: dict) -> dict:
+        """The epoch's running sums over all ranks (loss, seeds, hits, sampled edges); timings stay
+        this rank's."""
+        if self.job.world_size == 1:
+            return acc
+        keys = ("loss", "seen", "correct", "tp", "err", "edges")
+        tot = self.job.all_reduce_sum([float(acc[k]) for k in keys])
+        out = dict(acc)
+        for k, v in zip(keys, tot):
+            out[k] = float(v) if k == "loss" else int(round(v))
+        return out
+
+    def evaluate(self, model: GNN, device: torch.device) -> dict:
+        """``val_acc``, ``val_loss`` and ``test_acc`` (micro-F1 under the same keys when
+        multi-label), exact over all ranks (see the module docstring)."""
+        if self.cfg.eval_mode == "layerwise":
+            from ooc.training.inference import IN_MEMORY_LIMIT, evaluate_node_layerwise
+            big = self.ds.num_nodes * max(model.dims[1:]) * 4 > IN_MEMORY_LIMIT
+            return evaluate_node_layerwise(model, self, device,
+                                           self.job.run_dir(self.cfg.output_dir) / "inference"
+                                           if big else None)
+        j = self.job
+        nl = len(self.cfg.fanouts)
+        fo = evaluation_fanouts(self.cfg)
+        counts = []
+        for ids in (self.val_ids, self.test_ids):
+            mine = np.array_split(ids, j.world_size)[j.rank] if j.world_size > 1 else ids
+            counts.append(evaluate_nodes(model, self.data, mine, nl, self.cfg.eval_batch_size, device,
+                                         self.multilabel, fo, prefetch=1))
+        tot = j.all_reduce_sum(np.concatenate(counts)) if j.world_size > 1 else np.concatenate(counts)
+        val, test = tot[:6], tot[6:]
+        return {"val_acc": _score(val, self.multilabel), "val_loss": float(val[4] / max(val[5], 1)),
+                "test_acc": _score(test, self.multilabel)}
+
+    def close(self) -> None:
+        self.data.close()
