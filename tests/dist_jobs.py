@@ -98,3 +98,40 @@ def memory(ds: str, out: str) -> None:
     finally:
         ctx.close()
 
+
+
+def modes_and_tasks(ds: str, out: str, node_budget: int, link_budget: int) -> None:
+    """{exact, buffer, hybrid} x {node, link} on two ranks under one machine budget: each rank
+    writes, per combination, the step counts of all ranks, the seeds (edges) its plan trains in
+    epoch 0, the machine's data memory peak and the buffer's facts."""
+    import numpy as np
+
+    from ooc.storage.dataset import Dataset
+    from ooc.training.loop import make_task
+    ctx = init_from_env()
+    res: dict = {}
+    try:
+        for task in ("node", "link"):
+            for mode in ("exact", "buffer", "hybrid"):
+                budget = node_budget if task == "node" else link_budget
+                kw = dict(task=task, mode=mode, memory_budget=str(budget), fanouts=[5, 5], hidden=16,
+                          batch_size=32 if task == "node" else 256, eval_batch_size=256,
+                          partitions=8, eval_candidates=100, buffer_partitions=2)
+                name = f"{task}-{mode}"
+                m = train(_cfg(ds, Path(out) / name, **kw), job=ctx)
+                cfg = _cfg(ds, Path(out) / (name + "-plan"), **kw)
+                cfg.validate()
+                d = Dataset(ds)
+                t = make_task(cfg, d, ctx)
+                plan = t.plan(0)
+                seen = np.concatenate([b[:plan.real[i]] for i, b in enumerate(plan.batches)])
+                t.close()
+                d.close()
+                res[name] = {"steps_per_rank": m["distributed"]["steps_per_rank"],
+                             "seen": seen.tolist(), "loss": m["history"][0]["loss"],
+                             "machine_data_peak": m["history"][0]["machine_data_peak_bytes"],
+                             "shared_buffer": m["distributed"]["shared_buffer"],
+                             "slots": m["budget"]["slots"], "planned": m["budget"]["planned"]}
+    finally:
+        ctx.close()
+    (Path(out) / f"modes{ctx.rank}.json").write_text(json.dumps(res))
