@@ -166,6 +166,9 @@ def _row(name: str, m: dict, base_epoch: float | None) -> dict:
             "stall_s_per_epoch": float(np.mean([x["stall_s"] for x in h])),
             "peak_rss_over_baseline": m.get("epoch_peak_rss_bytes", m["peak_rss_bytes"]) - m["rss_baseline_bytes"],
             "rss_baseline": m["rss_baseline_bytes"], "budget": m["budget"]["budget"],
+            # the machine: every local rank's private peak + shared segments once, over baselines
+            "machine_data_peak": max(x.get("machine_data_peak_bytes", 0) for x in h),
+            "ranks": m.get("distributed", {}).get("world_size", 1),
             "test_acc": m["test_acc"],
             "final_test_acc": m.get("final", {}).get("test_acc", m.get("final_test_acc")),
             "resident_partitions": m["budget"]["slots"], "num_parts": m["budget"]["num_parts"],
@@ -227,14 +230,16 @@ def _reusable(ds_path: Path, nodes: int, feat_dim: int, parts: int) -> bool:
 
 def run_bench_ooc(workdir: Path, nodes: int, feat_dim: int, parts: int, budget: int | None,
                   epochs: int, modes: list[str], keep: bool = False, reuse: bool = False,
-                  hybrid_mix: float = 0.25, lr_schedule: str = "none") -> dict:
+                  hybrid_mix: float = 0.25, lr_schedule: str = "none", devices: int = 1) -> dict:
     """The synthetic side-by-side benchmark; returns (and writes) the result dictionary.
 
     ``reuse``: keep a dataset left in ``workdir/planted`` by an earlier ``--keep`` run when its
     size and partition count match (generation and partitioning are then not re-measured).
     ``hybrid_mix``: ``--hybrid-mix`` of the hybrid run; ``lr_schedule``: every run's
     ``--lr-schedule`` (``cosine`` takes the step noise out of accuracy comparisons over several
-    epochs).
+    epochs); ``devices`` > 1: every mode also runs with ``--devices N`` on this machine (the same
+    budget for all ranks together, the per-rank batch divided by N so the global batch is the
+    same), its epoch time and machine memory beside the one-rank run.
     """
     from ooc.partition import partition_dataset
     from ooc.storage.dataset import Dataset
@@ -303,6 +308,15 @@ def run_bench_ooc(workdir: Path, nodes: int, feat_dim: int, parts: int, budget: 
                             + (["--miss-features", "pq"] if mode == "hybrid-pq" else [])
                             + (["--hybrid-mix", mix or str(hybrid_mix)]
                                if train_mode == "hybrid" else []))
+        if devices > 1:
+            per = common.copy()
+            per[per.index("--batch-size") + 1] = str(max(256 // devices, 1))
+            runs[f"{name} x{devices} ranks"] = _train(
+                ds_path, workdir / f"run-{spec.replace(':', '-')}-x{devices}",
+                per + ["--mode", train_mode, "--memory-budget", str(budget), "--devices", str(devices)]
+                + (["--topology", "disk"] if mode == "buffer" else [])
+                + (["--miss-features", "pq"] if mode == "hybrid-pq" else [])
+                + (["--hybrid-mix", mix or str(hybrid_mix)] if train_mode == "hybrid" else []))
     res["rows"] = [_row(k, m, base) for k, m in runs.items()]
     (workdir / "bench_ooc.json").write_text(json.dumps(res, indent=2))
     if not keep:
@@ -381,8 +395,9 @@ def _print_synthetic(res: dict) -> None:
           "medians of rounds " + ", ".join(f"{r['dd_Bps'] / 1e6:.0f}/{r['loads_Bps'] / 1e6:.0f}"
                                            for r in res.get("bandwidth_rounds", [])) + " MB/s)")
     print("| run | resident parts | last epoch (s) | vs resident | read/epoch (GB) | buffer hit | cache hit "
-          "| swaps (lower bound) | stall (s) | peak RSS - baseline (GB) | test acc |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| swaps (lower bound) | stall (s) | peak RSS - baseline (GB) | machine memory - baselines (GB) "
+          "| test acc |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in res["rows"]:
         name = r["run"] + (f" (mix {r['hybrid_mix']})" if r.get("hybrid_mix") and "mix" not in r["run"]
                            else "")
@@ -391,7 +406,7 @@ def _print_synthetic(res: dict) -> None:
               f"{r['buffer_hit_ratio']:.3f} | {r['cache_hit_ratio']:.3f} | {r['swaps_per_epoch']:.0f} "
               f"({r['swaps_lower_bound']}) | {r['stall_s_per_epoch']:.1f} | "
               f"{r['peak_rss_over_baseline'] / gb:.2f} (budget {r['budget'] / gb:.2f}) | "
-              f"{100 * r['test_acc']:.2f} |")
+              f"{r.get('machine_data_peak', 0) / gb:.2f} | {100 * r['test_acc']:.2f} |")
 
 
 def _cmd_bench_ooc(args: argparse.Namespace) -> int:
@@ -404,7 +419,8 @@ def _cmd_bench_ooc(args: argparse.Namespace) -> int:
         res = run_bench_ooc(work, args.nodes, args.feat_dim, args.parts,
                             parse_bytes(args.budget) if args.budget else None, args.epochs,
                             args.modes.split(","), keep=args.keep or args.reuse, reuse=args.reuse,
-                            hybrid_mix=args.hybrid_mix, lr_schedule=args.lr_schedule)
+                            hybrid_mix=args.hybrid_mix, lr_schedule=args.lr_schedule,
+                            devices=args.devices)
         _print_synthetic(res)
     if not args.skip_planetoid:
         from ooc.tools.cli import log  # noqa: F401 (same logging setup)
@@ -430,6 +446,8 @@ def add_bench_ooc(bsub: argparse._SubParsersAction) -> None:
                    help="comma-separated among exact, buffer, hybrid, hybrid-pq (hybrid with "
                         "--miss-features pq; the dataset is compressed first if it has no codes); "
                         "hybrid:MIX / hybrid-pq:MIX run with --hybrid-mix MIX")
+    p.add_argument("--devices", type=int, default=1,
+                   help="also run every mode with --devices N (CPU ranks here), same budget")
     p.add_argument("--keep", action="store_true", help="keep the generated dataset")
     p.add_argument("--reuse", action="store_true",
                    help="reuse WORKDIR/planted when it matches --nodes/--feat-dim/--parts (implies --keep)")
