@@ -8,9 +8,6 @@ thread, the prefetch depth nor the buffer size; the loader only decides *when* t
 
 from __future__ import annotations
 
-import queue
-import threading
-import time
 from contextlib import closing
 from typing import Callable, Iterator, TypeVar
 
@@ -18,6 +15,7 @@ import numpy as np
 
 from ooc.contracts import Batch, Plan
 from ooc.data.buffer import BufferManager
+from ooc.util.threads import prefetch
 
 __all__ = ["prefetched", "Loader", "BuildFn"]
 
@@ -30,58 +28,10 @@ BuildFn = Callable[[int, np.ndarray, int, int, int], Batch]
 def prefetched(build: Callable[[int], T], start: int, stop: int, depth: int,
                on_wait: Callable[[float], None]) -> Iterator[T]:
     """Yield ``build(i)`` for ``i`` in ``start..stop-1`` in order, built ``depth`` ahead on a
-    background thread (``depth <= 0``: built in the caller's thread).
-
-    ``on_wait(seconds)`` receives the time the consumer waited for each item (the I/O + sampling
-    stall).  An exception raised by ``build`` is re-raised in the consumer; closing the generator
-    stops the producer thread and drops the items it built ahead.
-    """
-    if depth <= 0:
-        for i in range(start, stop):
-            t = time.perf_counter()
-            item = build(i)
-            on_wait(time.perf_counter() - t)
-            yield item
-        return
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    halt = threading.Event()
-
-    def produce() -> None:
-        try:
-            for i in range(start, stop):
-                if halt.is_set():
-                    return
-                item = build(i)
-                while not halt.is_set():
-                    try:
-                        q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-            q.put(None)
-        except BaseException as e:  # forwarded to the consumer
-            q.put(e)
-
-    th = threading.Thread(target=produce, name="ooc-loader", daemon=True)
-    th.start()
-    try:
-        while True:
-            t = time.perf_counter()
-            got = q.get()
-            on_wait(time.perf_counter() - t)
-            if got is None:
-                break
-            if isinstance(got, BaseException):
-                raise got
-            yield got
-    finally:
-        halt.set()
-        while th.is_alive():
-            try:
-                q.get_nowait()
-            except queue.Empty:
-                pass
-            th.join(timeout=0.05)
+    background thread (``depth <= 0``: in the caller's thread); ``on_wait(seconds)`` receives the
+    time the consumer waited for each item (the I/O + sampling stall).  See
+    :func:`ooc.util.threads.prefetch`."""
+    return prefetch(map(build, range(start, stop)), depth, on_wait)
 
 
 class Loader:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
-import threading
 import shutil
 import time
 from dataclasses import dataclass
@@ -34,6 +32,7 @@ from tqdm import tqdm
 
 from ooc.kernels import graph as kg
 from ooc.storage.dataset import DatasetWriter, _fault_point
+from ooc.util.threads import prefetch as prefetched
 
 __all__ = ["EdgeChunk", "EdgeSource", "ArrayEdgeSource", "SpoolEdgeSource", "SpoolWriter",
            "SymmetricSource", "UniqueIdCollector", "build_csc_streaming",
@@ -295,54 +294,6 @@ def rank_of(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
     out = np.empty(ids.shape[0], dtype=np.int64)
     out[order] = np.searchsorted(sorted_ids, ids[order])
     return out
-
-
-_END = object()
-
-
-def prefetched(chunks: Iterator, depth: int = 2) -> Iterator:
-    """Run the iterator ``chunks`` on a background thread, ``depth`` items ahead.
-
-    Reading (positioned reads, decompression) and the Numba kernels release the GIL, so with two
-    cores the next chunk is read while the current one is counted or scattered.  Exceptions raised
-    by the producer are re-raised in the consumer; closing the consumer stops the producer.
-    """
-    q: queue.Queue = queue.Queue(maxsize=max(int(depth), 1))
-    stop = threading.Event()
-
-    def produce() -> None:
-        try:
-            for item in chunks:
-                while not stop.is_set():
-                    try:
-                        q.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            q.put(_END)
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            q.put(e)
-
-    t = threading.Thread(target=produce, name="ooc-prefetch", daemon=True)
-    t.start()
-    try:
-        while True:
-            item = q.get()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        while t.is_alive():
-            try:
-                q.get(timeout=0.05)
-            except queue.Empty:
-                pass
-        t.join()
 
 
 def _plan_buckets(deg: np.ndarray, cap_edges: int) -> np.ndarray:

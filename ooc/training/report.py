@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ooc.util.files import read_jsonl
+from ooc.util.sizes import format_bytes as _human
 
 __all__ = ["RunData", "load_runs", "summary_table", "plot_curves", "plot_io", "make_report"]
 
@@ -84,12 +85,6 @@ def load_runs(paths: list[str | Path]) -> list[RunData]:
     return runs
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
 
 
 def _pm(vals: list[float], pct: bool = True) -> str:
