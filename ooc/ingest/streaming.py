@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
 import numpy as np
-from tqdm import tqdm
 
 from ooc.kernels import graph as kg
 from ooc.storage.dataset import DatasetWriter, _fault_point
+from ooc.util.progress import progress as progress_bar
 
 __all__ = ["EdgeChunk", "EdgeSource", "ArrayEdgeSource", "SpoolEdgeSource", "SpoolWriter",
            "SymmetricSource", "UniqueIdCollector", "build_csc_streaming",
@@ -433,7 +433,7 @@ def build_csc_streaming(source: EdgeSource, num_nodes: int, out_indices: object,
         index_nodes: range of the stored (source) ids if it differs from N (rectangular matrices).
         dedup: keep one of each repeated ``(src, dst)`` pair (the first in input order, with its value).
         memory_budget: bytes for degree arrays, chunk buffers and one bucket.
-        progress: show tqdm bars.
+        progress: show progress bars (:func:`ooc.util.progress.progress`).
 
     Returns:
         ``(indptr int64 [N+1], stats)``; stats: ``num_edges`` (stored), ``input_edges``, ``buckets``,
@@ -451,8 +451,8 @@ def build_csc_streaming(source: EdgeSource, num_nodes: int, out_indices: object,
     # ---- pass A: in-degrees
     deg = np.zeros(n, dtype=np.int64)
     total = 0
-    bar = tqdm(total=source.num_edges, unit="edge", unit_scale=True, disable=not progress,
-               desc="count", dynamic_ncols=True)
+    bar = progress_bar(total=source.num_edges, unit="edge", unit_scale=True, enabled=progress,
+                       desc="count")
     max_chunk = 1
     for c in prefetched(source.chunks()):
         m = c.dst.shape[0]
@@ -513,8 +513,8 @@ def build_csc_streaming(source: EdgeSource, num_nodes: int, out_indices: object,
         bdir = workdir / "buckets"
         bdir.mkdir(parents=True, exist_ok=True)
         files = [[bdir / f"b{b}.src", bdir / f"b{b}.dst", bdir / f"b{b}.w"] for b in range(k)]
-        bar = tqdm(total=total, unit="edge", unit_scale=True, disable=not progress, desc="scatter",
-                   dynamic_ncols=True)
+        bar = progress_bar(total=total, unit="edge", unit_scale=True, enabled=progress,
+                           desc="scatter")
         for c in prefetched(source.chunks()):
             m = c.src.shape[0]
             s = np.empty(m, dtype=idx_dtype)
@@ -538,7 +538,7 @@ def build_csc_streaming(source: EdgeSource, num_nodes: int, out_indices: object,
         _fault_point("csc-scatter")
         # ---- pass C: one bucket at a time
         t2 = time.perf_counter()
-        bar = tqdm(total=k, unit="bucket", disable=not progress, desc="build", dynamic_ncols=True)
+        bar = progress_bar(total=k, unit="bucket", enabled=progress, desc="build")
         for b in range(k):
             lo, hi = int(bounds[b]), int(bounds[b + 1])
             offsets = np.zeros(hi - lo + 1, dtype=np.int64)
