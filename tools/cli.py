@@ -204,7 +204,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"edges        {ds.num_edges:,} directed (CSC, in-edges)")
     print(f"features     {ds.feat_dim} x {man['arrays']['nodes/features']['dtype']}"
           if ds.has("features") else "features     none")
-    print(f"classes      {ds.num_classes}")
+    names = man.get("class_names")
+    shown = "" if not names else " (" + ", ".join(f"{i} = {n}" for i, n in enumerate(names[:10])) + \
+        (f", ... {len(names) - 10} more" if len(names) > 10 else "") + ")"
+    print(f"classes      {ds.num_classes}{shown}")
     if man.get("id_map"):
         kind = man["id_map"]["kind"]
         extra = (", types " + ", ".join(f"{t['name']} [{t['offset']}, {t['offset'] + t['count']})"

@@ -17,6 +17,7 @@ from ooc.storage.dataset import DatasetWriter
 from ooc.util.sizes import parse_bytes
 from ooc.ingest.planetoid import read_planetoid
 from ooc.storage.idmap import write_int_id_map, write_str_id_map
+from ooc.ingest.nodetables import labels_from_array, read_label_table
 from ooc.ingest.readers import (InputError, NumpyEdges, TextTable, _pread_into,
                                load_array, read_string_pairs)
 from ooc.ingest.streaming import (DEFAULT_CHUNK_EDGES, EdgeChunk, SpoolWriter,
@@ -210,6 +211,7 @@ class _Job:
         self.manifest: dict = {"source_format": source_format}
         self.num_nodes: int | None = opts.num_nodes
         self.sorted_ids: np.ndarray | None = None  # map mode
+        self.num_classes: int | None = None  # set by class names
         self.type_offsets: dict[str, int] = {}
         if opts.ids == "typed":
             off = 0
@@ -282,12 +284,19 @@ class _Job:
         self.manifest["id_map"] = {"kind": "int64", "order": "ascending external id"}
 
     # ------------------------------------------------------------ node inputs
-    def read_label_table(self, path: str | Path, cols: Sequence[int | str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(ids int64, labels int64, lines) of a text label table (ids not yet mapped)."""
-        t = TextTable(path, list(cols), ["int", "int"], header="auto",
-                      block_bytes=self.opts.chunk_bytes)
-        blk = t.read_all()
-        return blk.ints[:, 0], blk.ints[:, 1], blk.lines
+    def read_label_table(self, path: str | Path, cols: Sequence[int | str],
+                         string_ids: bool = False) -> tuple[np.ndarray | list[str], np.ndarray, np.ndarray]:
+        """(ids, labels int64, lines) of a text label table (ids not yet mapped: int64, or tokens
+        with ``string_ids``); boolean or named labels put their class names in the manifest."""
+        t = read_label_table(path, cols, string_ids=string_ids)
+        self.set_class_names(t.class_names)
+        return t.ids, t.labels, t.lines
+
+    def set_class_names(self, names: list[str] | None) -> None:
+        """Record the names of classes 0..K-1 (manifest ``class_names``; ``ooc info`` shows them)."""
+        if names is not None:
+            self.manifest["class_names"] = list(names)
+            self.num_classes = len(names)
 
     def write_graph(self, source: object, name: str, nodes: NodeInputs,
                     labels_in: tuple[np.ndarray, np.ndarray] | None = None,
@@ -329,7 +338,7 @@ class _Job:
                 raise InputError(f"{self._feat_name}: {fw.rows} feature rows but the graph has {n} nodes")
             self.w.finish_array(fw)
         # labels
-        ncls = num_classes
+        ncls = num_classes if num_classes is not None else self.num_classes
         if labels_in is not None:
             ids, lab = labels_in
             labels = np.full(n, -1, dtype=np.int32)
@@ -544,9 +553,9 @@ def _label_array(job: _Job, path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     lab = np.asarray(load_array(path, mmap=False))
     if lab.ndim != 1 or lab.shape[0] != job.num_nodes:
         raise InputError(f"{path}: label array of shape {lab.shape}, expected ({job.num_nodes},)")
-    if lab.dtype.kind not in "iu":
-        raise InputError(f"{path}: labels of dtype {lab.dtype}, expected integers")
-    return np.arange(job.num_nodes, dtype=np.int64), lab.astype(np.int64)
+    lab, names = labels_from_array(lab, str(path))
+    job.set_class_names(names)
+    return np.arange(job.num_nodes, dtype=np.int64), lab
 
 
 def _string_edges(job: _Job, p: Path, sep: str | None, comments: str, header: bool | str,
@@ -556,7 +565,7 @@ def _string_edges(job: _Job, p: Path, sep: str | None, comments: str, header: bo
     map, then re-read the file and spool internal ids."""
     hdr = header is True or (header == "auto" and (isinstance(src_col, str) and not src_col.isdigit()))
     tmp_env = lmdb.open(str(job.work / "strings.lmdb"), map_size=1 << 40, subdir=True, lock=False)
-    lab_rows: list[tuple[str, str, int]] = []
+    lab_rows: list[tuple[str, int, int]] = []
     try:
         def add(tokens: set[str]) -> None:
             with tmp_env.begin(write=True) as txn:
@@ -566,15 +575,9 @@ def _string_edges(job: _Job, p: Path, sep: str | None, comments: str, header: bo
         for rows, _ in read_string_pairs(p, [src_col, dst_col], sep, comments, hdr, skip_rows):
             add({t for r in rows for t in r})
         if nodes.labels is not None and Path(nodes.labels).suffix not in (".npy", ".npz"):
-            lp = Path(nodes.labels)
-            lhdr = not isinstance(nodes.label_cols[0], int) and not str(nodes.label_cols[0]).isdigit()
-            for rows, first in read_string_pairs(lp, list(nodes.label_cols), sep, comments, lhdr):
-                for i, (tok, lab) in enumerate(rows):
-                    if not lab.lstrip("+").isdigit():
-                        raise InputError(f"{lp}: label {lab!r} of node {tok!r} is not a "
-                                         "non-negative integer")
-                    lab_rows.append((tok, lab, first + i))
-            add({t for t, _, _ in lab_rows})
+            toks, labs, lines = job.read_label_table(nodes.labels, nodes.label_cols, string_ids=True)
+            lab_rows = list(zip(toks, labs.tolist(), lines.tolist()))
+            add(set(toks))
         with tmp_env.begin() as txn:
             n = write_str_id_map(job.w.tmp / "catalog.lmdb",
                                  (bytes(k) for k in txn.cursor().iternext(keys=True, values=False)))
@@ -607,7 +610,7 @@ def _string_edges(job: _Job, p: Path, sep: str | None, comments: str, header: bo
     labels_in = None
     if lab_rows:
         ids = lookup([t for t, _, _ in lab_rows], lambda i: f"{nodes.labels}:{lab_rows[i][2]}")
-        labels_in = (ids, np.asarray([int(x) for _, x, _ in lab_rows], dtype=np.int64))
+        labels_in = (ids, np.asarray([x for _, x, _ in lab_rows], dtype=np.int64))
 
     def resolve(ids: np.ndarray, where: Callable[[int], str]) -> np.ndarray:
         return lookup([str(x) for x in ids.tolist()], where)
