@@ -49,12 +49,15 @@ def _cmd_convert_planetoid(args: argparse.Namespace) -> int:
 
 def _graph_options(args: argparse.Namespace) -> "GraphOptions":
     from ooc.ingest.convert import GraphOptions, parse_node_types
+    from ooc.ingest.splits import parse_fractions
     return GraphOptions(
         num_nodes=args.num_nodes, ids=args.ids, one_based=args.one_based, undirected=args.undirected,
         self_loops=args.self_loops, dedup=args.dedup, feat_dtype=args.feat_dtype,
         nan_policy=args.nan_policy, memory_budget=args.memory_budget, partitions=args.partitions,
         node_types=parse_node_types(args.node_types) if args.node_types else [],
-        src_type=args.src_type, dst_type=args.dst_type, progress=args.progress, name=args.name)
+        src_type=args.src_type, dst_type=args.dst_type, progress=args.progress, name=args.name,
+        split_random=parse_fractions(args.split_random) if args.split_random else None,
+        stratify=args.stratify, split_seed=args.split_seed)
 
 
 def _node_inputs(args: argparse.Namespace) -> "NodeInputs":
@@ -63,7 +66,7 @@ def _node_inputs(args: argparse.Namespace) -> "NodeInputs":
     for spec in args.split or []:
         name, _, path = spec.partition("=")
         if not path:
-            raise ValueError(f"--split takes NAME=FILE (train, valid, test), got {spec!r}")
+            raise ValueError(f"--split takes NAME=FILE[:MEMBER] (train, valid, test), got {spec!r}")
         splits[name] = path
     cols = tuple(c if not c.isdigit() else int(c) for c in args.label_cols.split(","))
     if len(cols) != 2:
@@ -134,13 +137,21 @@ def _add_graph_args(p: argparse.ArgumentParser, node_files: bool = True) -> None
     p.add_argument("--memory-budget", default="2GB", help="memory for the CSC build (default 2GB)")
     p.add_argument("--partitions", type=int, help="store P contiguous node partitions")
     p.add_argument("--progress", action="store_true", help="progress bars")
+    p.add_argument("--split-random", metavar="TRAIN,VALID,TEST",
+                   help="draw random splits of the labelled nodes, e.g. 0.6,0.2,0.2 (recorded in "
+                        "the manifest)")
+    p.add_argument("--stratify", action="store_true",
+                   help="with --split-random: keep each class's share in every split")
+    p.add_argument("--split-seed", type=int, default=0, help="seed of --split-random (default 0)")
     if node_files:
         p.add_argument("--labels", help="labels: text table (id, label) or .npy [N]")
         p.add_argument("--label-cols", default="0,1",
                        help="id and label columns of a text label table (indices or header names)")
         p.add_argument("--features", help=".npy [N, D] node features in node-id order")
-        p.add_argument("--split", action="append", metavar="NAME=FILE",
-                       help="split file (train/valid/test): text ids or .npy ids / bool mask")
+        p.add_argument("--split", action="append", metavar="NAME=FILE[:MEMBER]",
+                       help="split (train/valid/test): text ids, .npy ids or bool mask, an .npz "
+                            "member (masks.npz:train_mask), or entry INDEX of a pickled LINKX "
+                            "split list (splits.npy:0; read with a restricted unpickler)")
 
 
 def _cmd_generate_rmat(args: argparse.Namespace) -> int:
@@ -215,6 +226,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
         print(f"ids          external {kind} ids mapped to 0..N-1{extra}")
     for s in ("train", "valid", "test"):
         print(f"split {s:<6} {ds.split(s).shape[0]:,} nodes")
+    drawn = man.get("split")
+    if drawn:
+        print(f"split drawn  at random: fractions {','.join(f'{f:g}' for f in drawn['fractions'])} of "
+              f"{drawn['labelled_nodes']:,} labelled nodes, seed {drawn['seed']}"
+              + (", stratified by class" if drawn["stratify"] else ""))
     off = ds.partition_offsets
     if off is None:
         print("partitions   none stored (ooc train groups ids into contiguous ranges)")

@@ -18,6 +18,7 @@ from ooc.util.sizes import parse_bytes
 from ooc.ingest.planetoid import read_planetoid
 from ooc.storage.idmap import write_int_id_map, write_str_id_map
 from ooc.ingest.nodetables import labels_from_array, read_label_table
+from ooc.ingest.splits import SPLITS, parse_fractions, random_split, read_split, split_spec
 from ooc.ingest.readers import (InputError, NumpyEdges, TextTable, _pread_into,
                                load_array, read_string_pairs)
 from ooc.ingest.streaming import (DEFAULT_CHUNK_EDGES, EdgeChunk, SpoolWriter,
@@ -124,6 +125,9 @@ class GraphOptions:
         node_types: typed nodes ``[(name, count), ...]`` (internal id = type offset + local id).
         src_type, dst_type: node types of the edge columns (with ``ids="typed"``).
         chunk_edges: edges per streamed chunk; chunk_bytes: bytes per text block.
+        split_random: draw (train, valid, test) fractions of the labelled nodes at random
+            (:func:`ooc.ingest.splits.random_split`; recorded in the manifest as ``split``);
+            ``stratify`` keeps the class proportions; ``split_seed`` seeds the draw.
     """
 
     num_nodes: int | None = None
@@ -143,6 +147,9 @@ class GraphOptions:
     chunk_bytes: int = 16 << 20
     progress: bool = False
     name: str | None = None
+    split_random: tuple[float, float, float] | None = None
+    stratify: bool = False
+    split_seed: int = 0
 
     def validate(self) -> None:
         if self.ids not in ID_MODES:
@@ -162,6 +169,10 @@ class GraphOptions:
                     raise ValueError(f"node type {t!r} not in --node-types {names}")
         if self.num_nodes is not None and self.num_nodes < 0:
             raise ValueError(f"--num-nodes must be >= 0, got {self.num_nodes}")
+        if self.split_random is not None:
+            self.split_random = parse_fractions(",".join(str(f) for f in self.split_random))
+        elif self.stratify:
+            raise ValueError("--stratify applies to --split-random")
 
 
 def parse_node_types(spec: str) -> list[tuple[str, int]]:
@@ -186,14 +197,19 @@ class NodeInputs:
     Attributes:
         labels: a text table path (``label_cols`` = id column, label column) or a ``.npy`` [N].
         features: a ``.npy`` [N, D] (rows in node-id order; dense ids only) or an array.
-        splits: ``{"train"|"valid"|"test": path}``: text (ids in column 0) or ``.npy`` (ids, or a
-            bool mask [N]).
+        splits: ``{"train"|"valid"|"test": FILE or FILE:MEMBER}``: text (ids in column 0), ``.npy``
+            (ids, or a bool mask [N]), an ``.npz`` member, or entry INDEX of a pickled split list
+            (see :mod:`ooc.ingest.splits`).
     """
 
     labels: str | Path | None = None
     label_cols: tuple[int | str, int | str] = (0, 1)
     features: str | Path | np.ndarray | None = None
     splits: dict[str, str | Path] = field(default_factory=dict)
+
+    def split_files(self) -> list[Path]:
+        """The distinct files behind ``splits`` (``FILE:MEMBER`` -> ``FILE``)."""
+        return list(dict.fromkeys(split_spec(v)[0] for v in self.splits.values()))
 
 
 class _Job:
@@ -346,6 +362,13 @@ class _Job:
             self.w.write_array("labels", labels)
             if ncls is None:
                 ncls = int(lab.max()) + 1 if lab.size else 0
+        if opts.split_random is not None:
+            if split_ids:
+                raise ValueError("--split-random draws the splits; the input has splits already")
+            if labels_in is None:
+                raise ValueError("--split-random draws from the labelled nodes: pass --labels")
+            split_ids, self.manifest["split"] = random_split(labels, opts.split_random,
+                                                             opts.split_seed, opts.stratify)
         for s, ids in (split_ids or {}).items():
             self.w.write_array(s, np.unique(np.asarray(ids, dtype=np.int64)))
         if opts.ids == "typed":
@@ -397,27 +420,15 @@ class _Job:
         return rows(), (int(arr.shape[0]), int(arr.shape[1]))
 
     def split_ids_from(self, splits: dict[str, str | Path], resolve: Callable) -> dict[str, np.ndarray]:
-        """Read split files: text (ids in column 0) or ``.npy`` (ids, or bool mask [N])."""
+        """Read split files (``FILE`` or ``FILE:MEMBER``, see :mod:`ooc.ingest.splits`)."""
         out = {}
+        if splits and self.opts.split_random is not None:
+            raise ValueError(f"--split-random draws the splits, but split files are given too "
+                             f"({', '.join(sorted(splits))})")
         for s, path in splits.items():
-            if s not in ("train", "valid", "test"):
+            if s not in SPLITS:
                 raise ValueError(f"unknown split {s!r} (train, valid, test)")
-            p = Path(path)
-            if p.suffix in (".npy", ".npz"):
-                arr = np.asarray(load_array(p, mmap=False))
-                if arr.dtype == bool:
-                    if arr.shape != (self.num_nodes,):
-                        raise InputError(f"{p}: boolean mask of shape {arr.shape}, expected "
-                                         f"({self.num_nodes},)")
-                    out[s] = np.flatnonzero(arr)
-                    continue
-                if arr.dtype.kind not in "iu":
-                    raise InputError(f"{p}: split ids of dtype {arr.dtype}, expected integers")
-                out[s] = resolve(arr.reshape(-1), lambda i, p=p: f"{p}: row {i}")
-            else:
-                t = TextTable(p, [0], ["int"], header="auto", block_bytes=self.opts.chunk_bytes)
-                blk = t.read_all()
-                out[s] = resolve(blk.ints[:, 0], lambda i, p=p, L=blk.lines: f"{p}:{L[i]}")
+            out[s] = read_split(path, s, int(self.num_nodes or 0), resolve, self.opts.chunk_bytes)
         return out
 
 
@@ -456,7 +467,7 @@ def convert_edgelist(path: str | Path, out: str | Path, opts: GraphOptions | Non
             opts.num_nodes = max(mm[0], mm[1])
     job = _Job(out, opts, overwrite, "edgelist" if mm is None else "matrix-market")
     with job.w:
-        for f in [p] + [Path(x) for x in (nodes.labels, *nodes.splits.values()) if x is not None] + \
+        for f in [p] + [Path(x) for x in (nodes.labels, *nodes.split_files()) if x is not None] + \
                 ([Path(nodes.features)] if isinstance(nodes.features, (str, Path)) else []):
             if not f.is_file():
                 raise InputError(f"{f}: no such file")
@@ -512,7 +523,7 @@ def convert_edgelist(path: str | Path, out: str | Path, opts: GraphOptions | Non
                         else (None, None))
         split_ids = job.split_ids_from(nodes.splits, resolve)
         job.w.add_source(p)
-        for f in (nodes.labels, nodes.features, *nodes.splits.values()):
+        for f in (nodes.labels, nodes.features, *nodes.split_files()):
             if isinstance(f, (str, Path)):
                 job.w.add_source(f)
         return job.write_graph(source, p.stem, nodes, labels_in, feats, shape, split_ids)
@@ -725,7 +736,7 @@ def convert_numpy(path: str | Path, out: str | Path, opts: GraphOptions | None =
         feats, shape = (job.features_from_array(nodes.features) if nodes.features is not None
                         else (None, None))
         split_ids = job.split_ids_from(nodes.splits, resolve)
-        for f in (p, edge_weights, nodes.labels, nodes.features, *nodes.splits.values()):
+        for f in (p, edge_weights, nodes.labels, nodes.features, *nodes.split_files()):
             if isinstance(f, (str, Path)):
                 job.w.add_source(f)
         return job.write_graph(source, p.stem, nodes, labels_in, feats, shape, split_ids)
