@@ -71,7 +71,8 @@ def _node_inputs(args: argparse.Namespace) -> "NodeInputs":
     cols = tuple(c if not c.isdigit() else int(c) for c in args.label_cols.split(","))
     if len(cols) != 2:
         raise ValueError(f"--label-cols takes ID_COLUMN,LABEL_COLUMN, got {args.label_cols!r}")
-    return NodeInputs(labels=args.labels, label_cols=cols, features=args.features, splits=splits)
+    return NodeInputs(labels=args.labels, label_cols=cols, features=args.features, splits=splits,
+                      feature_format=args.feature_format, feat_dim=args.feat_dim)
 
 
 def _col(c: str | None) -> int | str | None:
@@ -147,7 +148,16 @@ def _add_graph_args(p: argparse.ArgumentParser, node_files: bool = True) -> None
         p.add_argument("--labels", help="labels: text table (id, label) or .npy [N]")
         p.add_argument("--label-cols", default="0,1",
                        help="id and label columns of a text label table (indices or header names)")
-        p.add_argument("--features", help=".npy [N, D] node features in node-id order")
+        p.add_argument("--features",
+                       help="node features: .npy [N, D] in node-id order; a .json object keyed by "
+                            "node id ({\"id\": [active feature ids]} or {\"id\": [values]}; ids "
+                            "mapped like the edge list's, stored dense); or structural[:D] "
+                            "(log-degree + random projection of the adjacency, D = 64)")
+        p.add_argument("--feature-format", choices=["auto", "dense", "indices"], default="auto",
+                       help="JSON feature lists: indices (active feature ids), dense (values), or "
+                            "auto (decided from the file)")
+        p.add_argument("--feat-dim", type=int, help="feature width D for index lists (default: "
+                                                    "the largest id + 1)")
         p.add_argument("--split", action="append", metavar="NAME=FILE[:MEMBER]",
                        help="split (train/valid/test): text ids, .npy ids or bool mask, an .npz "
                             "member (masks.npz:train_mask), or entry INDEX of a pickled LINKX "

@@ -17,7 +17,9 @@ from ooc.storage.dataset import DatasetWriter
 from ooc.util.sizes import parse_bytes
 from ooc.ingest.planetoid import read_planetoid
 from ooc.storage.idmap import write_int_id_map, write_str_id_map
-from ooc.ingest.nodetables import labels_from_array, read_label_table
+from ooc.ingest.nodetables import (JsonFeatures, is_json, keyed_feature_rows, labels_from_array,
+                                   parse_int_ids, read_label_table)
+from ooc.ingest.structural import parse_structural, structural_feature_rows
 from ooc.ingest.splits import SPLITS, parse_fractions, random_split, read_split, split_spec
 from ooc.ingest.readers import (InputError, NumpyEdges, TextTable, _pread_into,
                                load_array, read_string_pairs)
@@ -195,8 +197,14 @@ class NodeInputs:
     """Node-role inputs (never classified by length: every array here has one row per node).
 
     Attributes:
-        labels: a text table path (``label_cols`` = id column, label column) or a ``.npy`` [N].
-        features: a ``.npy`` [N, D] (rows in node-id order; dense ids only) or an array.
+        labels: a text table path (``label_cols`` = id column, label column; integer, boolean or
+            named labels) or a ``.npy`` [N].
+        features: a ``.npy`` [N, D] (rows in node-id order; dense ids only) or an array; a JSON
+            object keyed by node id (``.json``, :class:`~ooc.ingest.nodetables.JsonFeatures`; ids
+            mapped like the edge list's); or ``"structural[:D]"``
+            (:mod:`ooc.ingest.structural`).
+        feature_format: JSON layout, ``auto``, ``dense`` or ``indices``; feat_dim: D for
+            ``indices``.
         splits: ``{"train"|"valid"|"test": FILE or FILE:MEMBER}``: text (ids in column 0), ``.npy``
             (ids, or a bool mask [N]), an ``.npz`` member, or entry INDEX of a pickled split list
             (see :mod:`ooc.ingest.splits`).
@@ -206,6 +214,8 @@ class NodeInputs:
     label_cols: tuple[int | str, int | str] = (0, 1)
     features: str | Path | np.ndarray | None = None
     splits: dict[str, str | Path] = field(default_factory=dict)
+    feature_format: str = "auto"
+    feat_dim: int | None = None
 
     def split_files(self) -> list[Path]:
         """The distinct files behind ``splits`` (``FILE:MEMBER`` -> ``FILE``)."""
@@ -228,6 +238,7 @@ class _Job:
         self.num_nodes: int | None = opts.num_nodes
         self.sorted_ids: np.ndarray | None = None  # map mode
         self.num_classes: int | None = None  # set by class names
+        self.structural_dim: int | None = None  # --features structural[:D]
         self.type_offsets: dict[str, int] = {}
         if opts.ids == "typed":
             off = 0
@@ -328,6 +339,13 @@ class _Job:
         stats = build_csc_to_writer(sym, n, self.w, self.work, dedup=opts.dedup or opts.undirected,
                                     memory_budget=self.budget, progress=opts.progress)
         # features
+        if features_rows is None and self.structural_dim:
+            features_rows = structural_feature_rows(self.w.arrays_root, n, self.structural_dim)
+            feat_shape = (n, self.structural_dim)
+            self._feat_name = "structural features"
+            self.manifest["feature_source"] = {
+                "kind": "structural", "dim": self.structural_dim,
+                "columns": "log(1 + in-degree), random projection of the adjacency row"}
         if features_rows is not None:
             assert feat_shape is not None
             if feat_shape[0] is not None and feat_shape[0] != n:
@@ -399,7 +417,8 @@ class _Job:
     def features_from_array(self, feat: str | Path | np.ndarray) -> tuple[Iterator, tuple[int, int]]:
         if self.opts.ids in ("map", "string"):
             raise InputError(f"{feat if not isinstance(feat, np.ndarray) else 'features'}: feature rows "
-                             "are in node-id order, which needs dense ids (--ids dense)")
+                             "are in node-id order, which needs dense ids (--ids dense); give a "
+                             "table keyed by node id (.json) instead")
         arr = feat if isinstance(feat, np.ndarray) else load_array(feat)
         self._feat_name = "features" if isinstance(feat, np.ndarray) else str(feat)
         if arr.ndim == 1:
@@ -418,6 +437,42 @@ class _Job:
                 else:
                     yield a, np.asarray(arr[a:a + step])
         return rows(), (int(arr.shape[0]), int(arr.shape[1]))
+
+    def json_features(self, nodes: NodeInputs) -> JsonFeatures | None:
+        """The JSON feature table of ``nodes`` (scanned by the caller with the other node ids), or None."""
+        if not is_json(nodes.features):
+            return None
+        if self.opts.ids == "typed":
+            raise InputError(f"{nodes.features}: JSON features are keyed by node id; --ids typed "
+                             "is not supported with them")
+        return JsonFeatures(nodes.features, nodes.feature_format, nodes.feat_dim,
+                            block_chars=self.opts.chunk_bytes)
+
+    def node_features(self, nodes: NodeInputs, table: JsonFeatures | None,
+                      resolve_keys: Callable[[list[str], Callable[[int], str]], np.ndarray]
+                      ) -> tuple[Iterator | None, tuple[int | None, int] | None]:
+        """The feature rows of ``nodes`` for :meth:`write_graph`: none, structural (computed there),
+        a keyed JSON table (``table``, already scanned; keys resolved with ``resolve_keys``) or an
+        array in node order."""
+        f = nodes.features
+        if f is None:
+            return None, None
+        dim = parse_structural(f)
+        if dim is not None:
+            self.structural_dim = dim
+            return None, None
+        if table is not None:
+            self._feat_name = str(table.path)
+            rec: dict = {"kind": "json", "layout": table.format, "dim": table.dim}
+            self.manifest["feature_source"] = rec
+            rows = keyed_feature_rows(table, int(self.num_nodes or 0), resolve_keys, self.work,
+                                      self.budget, self.opts.chunk_edges, rec)
+            return rows, (None, int(table.dim or 0))
+        return self.features_from_array(f)
+
+    def int_key_resolver(self, resolve: Callable) -> Callable[[list[str], Callable[[int], str]], np.ndarray]:
+        """``resolve`` (int64 ids -> internal) for the string keys of a JSON table."""
+        return lambda keys, where: resolve(parse_int_ids(keys, where, "node id"), where)
 
     def split_ids_from(self, splits: dict[str, str | Path], resolve: Callable) -> dict[str, np.ndarray]:
         """Read split files (``FILE`` or ``FILE:MEMBER``, see :mod:`ooc.ingest.splits`)."""
@@ -468,14 +523,17 @@ def convert_edgelist(path: str | Path, out: str | Path, opts: GraphOptions | Non
     job = _Job(out, opts, overwrite, "edgelist" if mm is None else "matrix-market")
     with job.w:
         for f in [p] + [Path(x) for x in (nodes.labels, *nodes.split_files()) if x is not None] + \
-                ([Path(nodes.features)] if isinstance(nodes.features, (str, Path)) else []):
+                ([Path(nodes.features)] if isinstance(nodes.features, (str, Path)) and
+                 parse_structural(nodes.features) is None else []):
             if not f.is_file():
                 raise InputError(f"{f}: no such file")
+        ftable = job.json_features(nodes)
         has_w = weight_col is not None
         labels_in = None
         if opts.ids == "string":
             source, labels_in, resolve = _string_edges(job, p, sep, comments, header, skip_rows,
-                                                       src_col, dst_col, nodes)
+                                                       src_col, dst_col, nodes, ftable)
+            resolve_keys = resolve
         else:
             cols = [src_col, dst_col] + ([weight_col] if has_w else [])
             kinds = ["int", "int"] + (["float"] if has_w else [])
@@ -489,7 +547,7 @@ def convert_edgelist(path: str | Path, out: str | Path, opts: GraphOptions | Non
                 source, ids = spool_with_id_map(
                     ((b.ints[:, 0], b.ints[:, 1], b.floats[:, 0] if has_w else None)
                      for b in table.blocks()), job.work, job.budget // 8, has_w, opts.chunk_edges,
-                    [lab[0]] if lab is not None else [])
+                    _node_ids(lab[0] if lab is not None else None, ftable))
                 job.set_map(ids)
                 resolve = job.map_ids
             else:
@@ -510,8 +568,10 @@ def convert_edgelist(path: str | Path, out: str | Path, opts: GraphOptions | Non
                 if lab is not None:
                     lab = (job.dense_ids(lab[0], _where_line(Path(nodes.labels), lab[2])), lab[1], lab[2])
                     max_id = max(max_id, int(lab[0].max()) if lab[0].size else -1)
+                max_id = max(max_id, _max_key_id(job, ftable))
                 if job.num_nodes is None:
                     job.num_nodes = max_id + 1
+            resolve_keys = job.int_key_resolver(resolve)
             if lab is not None:
                 if opts.ids == "map":
                     labels_in = (job.map_ids(lab[0], _where_line(Path(nodes.labels), lab[2])), lab[1])
@@ -519,14 +579,32 @@ def convert_edgelist(path: str | Path, out: str | Path, opts: GraphOptions | Non
                     labels_in = (lab[0], lab[1])
         if nodes.labels is not None and Path(nodes.labels).suffix in (".npy", ".npz"):
             labels_in = _label_array(job, nodes.labels)
-        feats, shape = (job.features_from_array(nodes.features) if nodes.features is not None
-                        else (None, None))
+        feats, shape = job.node_features(nodes, ftable, resolve_keys)
         split_ids = job.split_ids_from(nodes.splits, resolve)
         job.w.add_source(p)
         for f in (nodes.labels, nodes.features, *nodes.split_files()):
-            if isinstance(f, (str, Path)):
+            if isinstance(f, (str, Path)) and parse_structural(f) is None:
                 job.w.add_source(f)
         return job.write_graph(source, p.stem, nodes, labels_in, feats, shape, split_ids)
+
+
+def _node_ids(label_ids: np.ndarray | None, table: JsonFeatures | None) -> Iterator[np.ndarray]:
+    """The integer node ids of the node tables (label ids, JSON feature keys; pass 1 of the JSON)."""
+    if label_ids is not None:
+        yield label_ids
+    if table is not None:
+        p = table.path
+        for keys, lines in table.scan():
+            yield parse_int_ids(keys, lambda i, L=lines: f"{p}:{L[i]}", "node id")
+
+
+def _max_key_id(job: _Job, table: JsonFeatures | None) -> int:
+    """Largest (shifted, validated) node id among the keys of a JSON feature table (dense ids)."""
+    mx = -1
+    for ids in _node_ids(None, table):
+        if ids.size:
+            mx = max(mx, int(job.dense_ids(ids, lambda i: f"{table.path}: key {i}").max()))
+    return mx
 
 
 def _matrix_market_size(p: Path) -> tuple[int, int, int] | None:
@@ -571,7 +649,7 @@ def _label_array(job: _Job, path: str | Path) -> tuple[np.ndarray, np.ndarray]:
 
 def _string_edges(job: _Job, p: Path, sep: str | None, comments: str, header: bool | str,
                   skip_rows: int, src_col: int | str, dst_col: int | str,
-                  nodes: NodeInputs) -> tuple:
+                  nodes: NodeInputs, table: JsonFeatures | None = None) -> tuple:
     """String ids: collect distinct tokens in a scratch LMDB (sorted, bounded memory), store the
     map, then re-read the file and spool internal ids."""
     hdr = header is True or (header == "auto" and (isinstance(src_col, str) and not src_col.isdigit()))
@@ -589,6 +667,9 @@ def _string_edges(job: _Job, p: Path, sep: str | None, comments: str, header: bo
             toks, labs, lines = job.read_label_table(nodes.labels, nodes.label_cols, string_ids=True)
             lab_rows = list(zip(toks, labs.tolist(), lines.tolist()))
             add(set(toks))
+        if table is not None:
+            for keys, _ in table.scan():
+                add(set(keys))
         with tmp_env.begin() as txn:
             n = write_str_id_map(job.w.tmp / "catalog.lmdb",
                                  (bytes(k) for k in txn.cursor().iternext(keys=True, values=False)))
@@ -623,8 +704,8 @@ def _string_edges(job: _Job, p: Path, sep: str | None, comments: str, header: bo
         ids = lookup([t for t, _, _ in lab_rows], lambda i: f"{nodes.labels}:{lab_rows[i][2]}")
         labels_in = (ids, np.asarray([x for _, x, _ in lab_rows], dtype=np.int64))
 
-    def resolve(ids: np.ndarray, where: Callable[[int], str]) -> np.ndarray:
-        return lookup([str(x) for x in ids.tolist()], where)
+    def resolve(ids: np.ndarray | list[str], where: Callable[[int], str]) -> np.ndarray:
+        return lookup([str(x) for x in ids.tolist()] if isinstance(ids, np.ndarray) else ids, where)
     source = spool.close(job.opts.chunk_edges)
     job._str_env = env  # closed with the process; read-only
     return source, labels_in, resolve
@@ -710,11 +791,12 @@ def convert_numpy(path: str | Path, out: str | Path, opts: GraphOptions | None =
             if weight.shape != (edges.num_edges,):
                 raise InputError(f"{edge_weights}: edge weights of shape {weight.shape}, expected "
                                  f"({edges.num_edges},) (one per edge)")
+        table = job.json_features(nodes)
         if opts.ids == "map":
             source, ids = spool_with_id_map(
                 ((s, d, None if weight is None else weight[a:a + s.shape[0]])
                  for a, s, d in edges.chunks(opts.chunk_edges)), job.work, job.budget // 8,
-                weight is not None, opts.chunk_edges)
+                weight is not None, opts.chunk_edges, _node_ids(None, table))
             job.set_map(ids)
             resolve = job.map_ids
         elif opts.ids == "string":
@@ -727,17 +809,18 @@ def convert_numpy(path: str | Path, out: str | Path, opts: GraphOptions | None =
                 for c in source.chunks():  # validation pass that also finds the largest id
                     if c.src.size:
                         mx = max(mx, int(c.src.max()), int(c.dst.max()))
-                job.num_nodes = mx + 1
+                job.num_nodes = max(mx, _max_key_id(job, table)) + 1
+            elif table is not None:
+                _max_key_id(job, table)  # pass 1 of the JSON: keys checked against N, layout found
         labels_in = _label_array(job, nodes.labels) if nodes.labels is not None and \
             Path(nodes.labels).suffix in (".npy", ".npz") else None
         if nodes.labels is not None and labels_in is None:
             ids, lab, lines = job.read_label_table(nodes.labels, nodes.label_cols)
             labels_in = (resolve(ids, _where_line(Path(nodes.labels), lines)), lab)
-        feats, shape = (job.features_from_array(nodes.features) if nodes.features is not None
-                        else (None, None))
+        feats, shape = job.node_features(nodes, table, job.int_key_resolver(resolve))
         split_ids = job.split_ids_from(nodes.splits, resolve)
         for f in (p, edge_weights, nodes.labels, nodes.features, *nodes.split_files()):
-            if isinstance(f, (str, Path)):
+            if isinstance(f, (str, Path)) and parse_structural(f) is None:
                 job.w.add_source(f)
         return job.write_graph(source, p.stem, nodes, labels_in, feats, shape, split_ids)
 

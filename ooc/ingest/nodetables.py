@@ -17,9 +17,11 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from ooc.ingest.readers import InputError, open_text, read_string_pairs
+from ooc.ingest.streaming import FileSink, SpoolWriter, build_csc_streaming
 
 __all__ = ["LabelTable", "read_label_table", "labels_from_tokens", "labels_from_array",
-           "JsonFeatures", "MAX_CLASSES", "UNLABELLED_TOKENS", "parse_int_ids"]
+           "JsonFeatures", "MAX_CLASSES", "UNLABELLED_TOKENS", "parse_int_ids", "keyed_feature_rows",
+           "is_json"]
 
 MAX_CLASSES = 1 << 20
 """Distinct label values a label column may hold (more means it is probably not a label column)."""
@@ -467,3 +469,70 @@ class JsonFeatures:
         if keys:
             yield (keys, np.asarray(lines, dtype=np.int64), np.concatenate(rows), np.concatenate(cols),
                    np.concatenate(vals))
+
+
+def is_json(path: object) -> bool:
+    """Whether ``path`` names a JSON file (``.json`` or ``.json.gz``)."""
+    return isinstance(path, (str, Path)) and str(path).lower().endswith((".json", ".json.gz"))
+
+
+def keyed_feature_rows(table: JsonFeatures, num_nodes: int,
+                       resolve: Callable[[list[str], Callable[[int], str]], np.ndarray],
+                       workdir: Path, memory_budget: int, chunk_edges: int,
+                       record: dict) -> Iterator[tuple[int, np.ndarray]]:
+    """Dense feature rows in node order from a keyed table, in bounded memory.
+
+    The entries (in any key order) are spooled to ``workdir`` as (column, node, value) triples and
+    sorted by node with the streaming CSC build (:func:`ooc.ingest.streaming.build_csc_streaming`,
+    within ``memory_budget``); rows are then assembled block by block (~32 MB each).  Nodes
+    without an entry get an all-zero row.  Scratch: 20 B per non-zero value, plus 1 B per node.
+
+    Args:
+        table: the table, after :meth:`JsonFeatures.scan`.
+        num_nodes: N.
+        resolve: ``resolve(keys, where)`` -> int64 internal ids (``where(i)`` names entry i).
+        record: filled with ``rows`` (nodes given a row) and ``missing_rows`` for the manifest.
+
+    Yields:
+        ``(first node, float32 [m, D] rows)``.
+
+    Raises:
+        InputError: a key that is not a node, or a node with two entries (file and line).
+    """
+    dim = int(table.dim or 0)
+    seen = np.zeros(num_nodes, dtype=np.bool_)
+    spool = SpoolWriter(workdir, "features", has_weight=True)
+    p = table.path
+    for keys, lines, row, cols, vals in table.entries():
+        where = (lambda i, L=lines: f"{p}:{L[i]}")
+        ids = np.asarray(resolve(keys, where), dtype=np.int64)
+        order = np.argsort(ids, kind="stable")
+        rep = np.flatnonzero(ids[order][1:] == ids[order][:-1])
+        again = np.flatnonzero(seen[ids])
+        if rep.size or again.size:
+            i = int(min(order[rep[0] + 1] if rep.size else len(keys),
+                        again[0] if again.size else len(keys)))
+            raise InputError(f"{where(i)}: node {keys[i]!r} has a second feature row")
+        seen[ids] = True
+        spool.append(cols, ids[row], vals)
+    given = int(seen.sum())
+    del seen
+    record.update({"rows": given, "missing_rows": int(num_nodes - given)})
+    source = spool.close(chunk_edges)
+    col_sink = FileSink(workdir / "features.cols")
+    val_sink = FileSink(workdir / "features.vals")
+    indptr, _ = build_csc_streaming(source, num_nodes, col_sink, val_sink, workdir, dedup=True,
+                                    memory_budget=memory_budget, index_nodes=max(dim, 1))
+    col_sink.close()
+    val_sink.close()
+    for f in ("src", "dst", "w"):
+        Path(f"{source.prefix}.{f}").unlink(missing_ok=True)
+    step = max(1, (32 << 20) // max(4 * dim, 1))
+    for a in range(0, num_nodes, step):
+        b = min(num_nodes, a + step)
+        lo, hi = int(indptr[a]), int(indptr[b])
+        out = np.zeros((b - a, dim), dtype=np.float32)
+        if hi > lo:
+            r = np.repeat(np.arange(b - a), np.diff(indptr[a:b + 1]))
+            out[r, col_sink.read(lo, hi)] = val_sink.read(lo, hi)
+        yield a, out

@@ -20,11 +20,11 @@ import numpy as np
 
 from ooc.ingest.planetoid import PlanetoidError, restricted_load
 from ooc.ingest.readers import InputError, TextTable, load_array
+from ooc.storage.dataset import SPLITS
 
 __all__ = ["SPLITS", "split_spec", "read_split", "load_pickled_npy", "random_split",
            "parse_fractions"]
 
-SPLITS = ("train", "valid", "test")
 _KEYS = {"train": ("train", "train_idx", "train_mask"), "valid": ("valid", "val", "validation",
                                                                 "valid_idx", "val_idx", "val_mask"),
          "test": ("test", "test_idx", "test_mask")}

@@ -37,7 +37,8 @@ from ooc.util.progress import progress as progress_bar
 
 __all__ = ["EdgeChunk", "EdgeSource", "ArrayEdgeSource", "SpoolEdgeSource", "SpoolWriter",
            "SymmetricSource", "UniqueIdCollector", "build_csc_streaming",
-           "DEFAULT_CHUNK_EDGES", "spool_with_id_map", "build_csc_to_writer", "coo_to_csr", "ArraySink"]
+           "DEFAULT_CHUNK_EDGES", "spool_with_id_map", "build_csc_to_writer", "coo_to_csr", "ArraySink",
+           "FileSink"]
 
 log = logging.getLogger("ooc.convert")
 
@@ -374,6 +375,33 @@ class ArraySink:
 
     def array(self, dtype: np.dtype | str) -> np.ndarray:
         return np.concatenate(self.parts) if self.parts else np.empty(0, dtype=dtype)
+
+
+class FileSink:
+    """Scratch sink with the ``append`` method of :class:`~ooc.storage.rawarray.RawArrayWriter`: rows
+    appended to a plain binary file (read back with :meth:`read`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._f = open(path, "wb")
+        self.dtype: np.dtype | None = None
+        self.rows = 0
+
+    def append(self, rows: np.ndarray) -> None:
+        a = np.ascontiguousarray(rows)
+        self.dtype = a.dtype if self.dtype is None else self.dtype
+        a.astype(self.dtype, copy=False).tofile(self._f)
+        self.rows += int(a.shape[0])
+
+    def close(self) -> None:
+        self._f.close()
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` (after :meth:`close`)."""
+        if self.dtype is None or stop <= start:
+            return np.empty(0, dtype=self.dtype or np.float32)
+        return np.fromfile(self.path, dtype=self.dtype, count=stop - start,
+                           offset=start * self.dtype.itemsize)
 
 
 def build_csc_to_writer(source: EdgeSource, num_nodes: int, writer: DatasetWriter, workdir: Path,
