@@ -117,6 +117,15 @@ def _cmd_convert_geom_gcn(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_convert_matlab(args: argparse.Namespace) -> int:
+    from ooc.ingest.matlab import convert_matlab
+    path = convert_matlab(args.mat, args.out, _graph_options(args), _node_inputs(args),
+                          adjacency=args.adjacency, attributes=args.attributes,
+                          label_col=args.label_col, overwrite=args.overwrite)
+    print(f"wrote {path}")
+    return 0
+
+
 def _add_graph_args(p: argparse.ArgumentParser, node_files: bool = True) -> None:
     p.add_argument("--out", required=True, help="dataset directory to write")
     p.add_argument("--name", help="dataset name (default: the input's name)")
@@ -562,6 +571,20 @@ def build_parser() -> argparse.ArgumentParser:
     gg.add_argument("--feat-dim", type=int, help="feature dimension for index lists")
     _add_graph_args(gg, node_files=False)
     gg.set_defaults(func=_cmd_convert_geom_gcn)
+
+    mt = csub.add_parser("matlab", help="MATLAB .mat: sparse adjacency + node-attribute matrix",
+                         description="Convert a .mat file (scipy.io, MATLAB v4-v7.2) holding an N x N "
+                                     "adjacency and optionally an N x K attribute matrix (e.g. "
+                                     "Facebook100: A, local_info). Integer attributes are categorical: "
+                                     "--label-col I is the label (0 = missing), every other column is "
+                                     "one-hot encoded (0 = missing: all zero); sparse or fractional "
+                                     "attributes are stored as they are.")
+    mt.add_argument("mat", help=".mat file")
+    mt.add_argument("--adjacency", default="A", help="adjacency variable (default A)")
+    mt.add_argument("--attributes", help="attribute variable (default: the only other N-row matrix)")
+    mt.add_argument("--label-col", type=int, help="attribute column (0-based) holding the label")
+    _add_graph_args(mt)
+    mt.set_defaults(func=_cmd_convert_matlab)
 
     gen = sub.add_parser("generate", help="generate a synthetic dataset directly in the store")
     gsub = gen.add_subparsers(dest="model", metavar="MODEL", required=True)
