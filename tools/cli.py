@@ -126,6 +126,14 @@ def _cmd_convert_matlab(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_convert_graphbolt(args: argparse.Namespace) -> int:
+    from ooc.ingest.graphbolt import convert_graphbolt
+    path = convert_graphbolt(args.root, args.out, _graph_options(args), task=args.task,
+                             feature=args.feature, overwrite=args.overwrite)
+    print(f"wrote {path}")
+    return 0
+
+
 def _add_graph_args(p: argparse.ArgumentParser, node_files: bool = True) -> None:
     p.add_argument("--out", required=True, help="dataset directory to write")
     p.add_argument("--name", help="dataset name (default: the input's name)")
@@ -585,6 +593,17 @@ def build_parser() -> argparse.ArgumentParser:
     mt.add_argument("--label-col", type=int, help="attribute column (0-based) holding the label")
     _add_graph_args(mt)
     mt.set_defaults(func=_cmd_convert_matlab)
+
+    gb = csub.add_parser("graphbolt", help="DGL GraphBolt OnDiskDataset directory (metadata.yaml + .npy)",
+                         description="Import a homogeneous GraphBolt OnDiskDataset: edges (numpy "
+                                     "(2, E) or csv), one node feature, and one node-classification "
+                                     "task's train/validation/test seeds and labels. Heterogeneous "
+                                     "graphs and GraphBolt's preprocessed layout are refused.")
+    gb.add_argument("root", help="directory holding metadata.yaml")
+    gb.add_argument("--task", help="task name (default: the first node-classification task)")
+    gb.add_argument("--feature", help="node feature name (default: feat, or the only one)")
+    _add_graph_args(gb, node_files=False)
+    gb.set_defaults(func=_cmd_convert_graphbolt)
 
     gen = sub.add_parser("generate", help="generate a synthetic dataset directly in the store")
     gsub = gen.add_subparsers(dest="model", metavar="MODEL", required=True)
