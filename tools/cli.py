@@ -1,8 +1,9 @@
 """The ``ooc`` command line: git-style subcommands.
 
     ooc convert planetoid --raw-dir DIR --name cora --out DATASET
-    ooc convert edgelist edges.txt --out DATASET [--undirected] [--ids map] ...
+    ooc convert edgelist edges.txt --out DATASET [--undirected] [--ids map] [--features x.json] ...
     ooc convert numpy edges.npy --out DATASET --features x.npy --labels y.npy
+    ooc convert ogb ROOT | geom-gcn --raw-dir DIR | matlab FILE.mat | graphbolt DIR  --out DATASET
     ooc generate rmat --nodes 50M --edges 1e9 --feat-dim 128 --classes 16 --out DATASET
     ooc info DATASET
     ooc verify DATASET
@@ -355,7 +356,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from ooc.train import train, write_json_atomic
     base = _train_config(args)
     from ooc.distributed import launch_spec_from_args
-    spec = launch_spec_from_args(args, base)  # --devices / --nnodes / torchrun: data-parallel (issue 7)
+    spec = launch_spec_from_args(args, base)  # --devices / --nnodes / torchrun: data-parallel
     if spec is not None:
         return _cmd_train_distributed(args, base, spec)
     if args.repeat <= 1:

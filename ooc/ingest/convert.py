@@ -103,7 +103,7 @@ def convert_planetoid(raw_dir: str | Path, name: str, out: str | Path, overwrite
     return path
 
 
-# ---------------------------------------------------------------- streaming converters (issue 3)
+# ---------------------------------------------------------------- streaming converters
 ID_MODES = ("dense", "map", "string", "typed")
 
 
