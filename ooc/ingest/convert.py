@@ -23,7 +23,7 @@ from ooc.ingest.structural import parse_structural, structural_feature_rows
 from ooc.ingest.splits import SPLITS, parse_fractions, random_split, read_split, split_spec
 from ooc.ingest.readers import (InputError, NumpyEdges, TextTable, _pread_into,
                                load_array, read_string_pairs)
-from ooc.ingest.streaming import (DEFAULT_CHUNK_EDGES, EdgeChunk, SpoolWriter,
+from ooc.ingest.streaming import (DEFAULT_CHUNK_EDGES, EdgeChunk, SpoolEdgeSource, SpoolWriter,
                                  SymmetricSource, build_csc_to_writer,
                                  rank_of, spool_with_id_map)
 
@@ -309,6 +309,18 @@ class _Job:
         self.num_nodes = int(ids.shape[0])
         write_int_id_map(self.w.tmp / "catalog.lmdb", ids)
         self.manifest["id_map"] = {"kind": "int64", "order": "ascending external id"}
+
+    def spool_dense_edges(self, path: Path, sep: str | None = None,
+                          header: bool | str = False) -> SpoolEdgeSource:
+        """Spool a two-column text edge list of dense ids (validated, naming file and line)."""
+        table = TextTable(path, [0, 1], ["int", "int"], sep=sep, header=header,
+                          block_bytes=self.opts.chunk_bytes)
+        spool = SpoolWriter(self.work, "edges", False)
+        for blk in table.blocks():
+            where = _where_line(path, blk.lines)
+            spool.append(self.dense_ids(blk.ints[:, 0], where, "source"),
+                         self.dense_ids(blk.ints[:, 1], where, "destination"))
+        return spool.close(self.opts.chunk_edges)
 
     # ------------------------------------------------------------ node inputs
     def read_label_table(self, path: str | Path, cols: Sequence[int | str],
@@ -870,13 +882,7 @@ def convert_ogb(root: str | Path, out: str | Path, opts: GraphOptions | None = N
         raise InputError(f"{root}: OGB ids are dense 0..N-1; --ids {opts.ids} does not apply")
     job = _Job(out, opts, overwrite, "ogb")
     with job.w:
-        table = TextTable(edge_f, [0, 1], ["int", "int"], header=False, block_bytes=opts.chunk_bytes)
-        spool = SpoolWriter(job.work, "edges", False)
-        for blk in table.blocks():
-            where = _where_line(edge_f, blk.lines)
-            spool.append(job.dense_ids(blk.ints[:, 0], where, "source"),
-                         job.dense_ids(blk.ints[:, 1], where, "destination"))
-        source = spool.close(opts.chunk_edges)
+        source = job.spool_dense_edges(edge_f, header=False)
         sources = [edge_f, nn_f]
         feats = shape = None
         try:
@@ -1014,13 +1020,7 @@ def convert_geom_gcn(raw_dir: str | Path, out: str | Path, opts: GraphOptions | 
     opts.num_nodes = n
     job = _Job(out, opts, overwrite, "geom-gcn")
     with job.w:
-        table = TextTable(ef, [0, 1], ["int", "int"], sep="\t", header=True)
-        spool = SpoolWriter(job.work, "edges", False)
-        for blk in table.blocks():
-            where = _where_line(ef, blk.lines)
-            spool.append(job.dense_ids(blk.ints[:, 0], where, "source"),
-                         job.dense_ids(blk.ints[:, 1], where, "destination"))
-        source = spool.close(opts.chunk_edges)
+        source = job.spool_dense_edges(ef, sep="\t", header=True)
         split_ids: dict[str, np.ndarray] = {}
         if split is not None:
             sp = Path(split)

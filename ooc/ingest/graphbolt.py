@@ -33,10 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from ooc.ingest.convert import GraphOptions, NodeInputs, _CheckedNumpySource, _Job, _where_line
-from ooc.ingest.readers import InputError, NumpyEdges, TextTable, load_array
-from ooc.ingest.streaming import SpoolWriter
+from ooc.ingest.convert import GraphOptions, NodeInputs, _CheckedNumpySource, _Job
 from ooc.ingest.nodetables import labels_from_array
+from ooc.ingest.readers import InputError, NumpyEdges, load_array
 
 __all__ = ["convert_graphbolt", "read_metadata"]
 
@@ -177,14 +176,7 @@ def convert_graphbolt(root: str | Path, out: str | Path, opts: GraphOptions | No
         if efmt == "numpy":
             source = _CheckedNumpySource(NumpyEdges(epath, layout="2xE"), job, None, "")
         else:
-            table = TextTable(epath, [0, 1], ["int", "int"], sep=",", header=False,
-                              block_bytes=opts.chunk_bytes)
-            spool = SpoolWriter(job.work, "edges", False)
-            for blk in table.blocks():
-                where = _where_line(epath, blk.lines)
-                spool.append(job.dense_ids(blk.ints[:, 0], where, "source"),
-                             job.dense_ids(blk.ints[:, 1], where, "destination"))
-            source = spool.close(opts.chunk_edges)
+            source = job.spool_dense_edges(epath, sep=",", header=False)
         job.w.add_source(epath)
         # features
         feats = shape = None

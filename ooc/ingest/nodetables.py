@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ooc.ingest.readers import InputError, open_text, read_string_pairs
+from ooc.ingest.readers import InputError, _is_number, open_text, read_string_pairs
 from ooc.ingest.streaming import FileSink, SpoolWriter, build_csc_streaming
 
 __all__ = ["LabelTable", "read_label_table", "labels_from_tokens", "labels_from_array",
@@ -61,14 +61,6 @@ def _int_or_none(tok: str) -> int | None:
     except ValueError:
         return None
     return int(f) if math.isfinite(f) and f.is_integer() else None
-
-
-def _is_number(tok: str) -> bool:
-    try:
-        float(tok)
-        return True
-    except ValueError:
-        return False
 
 
 def labels_from_tokens(distinct: Sequence[str], where: Callable[[str], str],
