@@ -163,7 +163,8 @@ def _add_graph_args(p: argparse.ArgumentParser, node_files: bool = True) -> None
                    help="with --split-random: keep each class's share in every split")
     p.add_argument("--split-seed", type=int, default=0, help="seed of --split-random (default 0)")
     if node_files:
-        p.add_argument("--labels", help="labels: text table (id, label) or .npy [N]")
+        p.add_argument("--labels", help="labels: text table (id, label: integers, true/false or "
+                                        "class names) or .npy [N]")
         p.add_argument("--label-cols", default="0,1",
                        help="id and label columns of a text label table (indices or header names)")
         p.add_argument("--features",

@@ -600,22 +600,29 @@ def convert_edgelist(path: str | Path, out: str | Path, opts: GraphOptions | Non
         return job.write_graph(source, p.stem, nodes, labels_in, feats, shape, split_ids)
 
 
-def _node_ids(label_ids: np.ndarray | None, table: JsonFeatures | None) -> Iterator[np.ndarray]:
-    """The integer node ids of the node tables (label ids, JSON feature keys; pass 1 of the JSON)."""
-    if label_ids is not None:
-        yield label_ids
+def _json_key_ids(table: JsonFeatures | None) -> Iterator[tuple[np.ndarray, Callable[[int], str]]]:
+    """Pass 1 of a JSON feature table: blocks of its keys as integer ids, with ``where(i)``."""
     if table is not None:
         p = table.path
         for keys, lines in table.scan():
-            yield parse_int_ids(keys, lambda i, L=lines: f"{p}:{L[i]}", "node id")
+            where = (lambda i, L=lines: f"{p}:{L[i]}")
+            yield parse_int_ids(keys, where, "node id"), where
+
+
+def _node_ids(label_ids: np.ndarray | None, table: JsonFeatures | None) -> Iterator[np.ndarray]:
+    """The integer node ids of the node tables (label ids, JSON feature keys), for the id map."""
+    if label_ids is not None:
+        yield label_ids
+    for ids, _ in _json_key_ids(table):
+        yield ids
 
 
 def _max_key_id(job: _Job, table: JsonFeatures | None) -> int:
     """Largest (shifted, validated) node id among the keys of a JSON feature table (dense ids)."""
     mx = -1
-    for ids in _node_ids(None, table):
+    for ids, where in _json_key_ids(table):
         if ids.size:
-            mx = max(mx, int(job.dense_ids(ids, lambda i: f"{table.path}: key {i}").max()))
+            mx = max(mx, int(job.dense_ids(ids, where).max()))
     return mx
 
 

@@ -18,7 +18,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ooc.ingest.convert import GraphOptions, NodeInputs, _Job, _label_array
+from ooc.ingest.convert import GraphOptions, NodeInputs, _Job, _label_array, _max_key_id
 from ooc.ingest.readers import InputError
 from ooc.ingest.streaming import ArrayEdgeSource
 
@@ -124,7 +124,9 @@ def convert_matlab(path: str | Path, out: str | Path, opts: GraphOptions | None 
             feats, shape, labels_in = _attribute_inputs(job, p, attributes, mat[attributes], n,
                                                         label_col)
         else:
-            feats, shape = job.node_features(nodes, None, job.int_key_resolver(job.dense_ids))
+            table = job.json_features(nodes)
+            _max_key_id(job, table)  # pass 1 of a JSON table: keys checked against N, layout found
+            feats, shape = job.node_features(nodes, table, job.int_key_resolver(job.dense_ids))
         if nodes.labels is not None:
             if Path(nodes.labels).suffix in (".npy", ".npz"):
                 labels_in = _label_array(job, nodes.labels)

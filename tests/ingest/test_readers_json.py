@@ -99,7 +99,7 @@ def test_numpy_edges_with_json_features(tmp_path: Path) -> None:
     ('{"0": 1}', "x.json:1: node '0': expected a list of numbers, found int"),
     ('{"0": [1, "a"]}', "x.json:1: node '0': feature list holds 'a' (numbers only)"),
     ('{"0": [1],\n "x": [1, 2]}', "x.json:2: node id: 'x' is not an integer id"),
-    ('{"0": [1],\n "9": [1, 2]}', "x.json: key 1: node id 9 >= node count 4"),
+    ('{"0": [1],\n "9": [1, 2]}', "x.json:2: node id 9 >= node count 4"),
     ('[1, 2]', "x.json:1: expected a JSON object"),
 ])
 def test_bad_json_names_file_and_line(ring: Path, tmp_path: Path, capsys: pytest.CaptureFixture,

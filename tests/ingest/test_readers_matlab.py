@@ -82,3 +82,12 @@ def test_v73_hdf5_file_is_refused_with_advice(tmp_path: Path, capsys: pytest.Cap
     (tmp_path / "v73.mat").write_bytes(head.ljust(116) + b"\0" * 8 + b"\x00\x02IM" + b"\0" * 400)
     assert main(["convert", "matlab", str(tmp_path / "v73.mat"), "--out", str(tmp_path / "ds")]) != 0
     assert "v73.mat: a MATLAB v7.3 (HDF5) file, which scipy.io cannot read" in capsys.readouterr().err
+
+
+def test_adjacency_only_with_json_features(tmp_path: Path) -> None:
+    a = sp.csr_matrix((np.ones(2), ([0, 1], [1, 2])), shape=(3, 3))
+    scipy_io.savemat(tmp_path / "g.mat", {"A": a})
+    (tmp_path / "x.json").write_text('{"2": [1], "0": [0, 1]}')
+    assert main(["convert", "matlab", str(tmp_path / "g.mat"), "--features", str(tmp_path / "x.json"),
+                 "--out", str(tmp_path / "ds")]) == 0
+    assert Dataset(tmp_path / "ds").features.read_all().tolist() == [[1, 1], [0, 0], [0, 1]]

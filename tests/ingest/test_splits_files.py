@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ooc.ingest.convert import GraphOptions, NodeInputs, convert_edgelist
 from ooc.ingest.splits import random_split
 from ooc.storage.dataset import Dataset
 from ooc.tools.cli import main
