@@ -26,17 +26,11 @@ import logging
 import sys
 from pathlib import Path
 
+from ooc.util.sizes import format_bytes as _human
+
 __all__ = ["main", "build_parser"]
 
 log = logging.getLogger("ooc")
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
 
 
 # ---------------------------------------------------------------- convert
