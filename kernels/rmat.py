@@ -24,14 +24,9 @@ from numba import njit, prange, uint64
 
 from ooc.kernels.rng import mix_key, rand_unit, splitmix64
 
-__all__ = ["rmat_edges", "rmat_node_data", "scramble", "GRAPH500_ABC", "rmat_scale"]
+__all__ = ["rmat_edges", "rmat_node_data", "scramble", "GRAPH500_ABC"]
 
 GRAPH500_ABC = (0.57, 0.19, 0.19)
-
-
-def rmat_scale(num_nodes: int) -> int:
-    """Smallest ``s`` with ``2^s >= num_nodes`` (at least 1)."""
-    return max(1, int(num_nodes - 1).bit_length())
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -14,9 +14,6 @@ from numba import njit, uint64
 
 __all__ = ["splitmix64", "mix_key", "mix_key_py", "rand_below", "rand_unit", "batch_key"]
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
 @njit(cache=True, nogil=True, inline="always")
 def splitmix64(x: np.uint64) -> np.uint64:
     """One splitmix64 output for state ``x`` (uint64 -> uint64)."""

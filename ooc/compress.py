@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
+from ooc.util.progress import progress as progress_bar
 
 from ooc.kernels.pq import kmeans_subspace, pq_encode, subspace_bounds
 from ooc.storage.dataset import ArrayGroupWriter, Dataset, DatasetError
@@ -147,7 +147,7 @@ def compress_dataset(path: str | Path, subspaces: int, centroids: int = 256,
         with ArrayGroupWriter(path, PQ_GROUP, overwrite=overwrite) as w:
             cw = w.array_writer("codes", np.uint8, (subspaces,), expected_rows=n)
             step = max(1, (64 << 20) // max(feats.row_bytes, 1))
-            with tqdm(total=n, unit="rows", desc="pq encode", disable=not progress) as bar:
+            with progress_bar(total=n, unit="rows", desc="pq encode", enabled=progress) as bar:
                 for a in range(0, n, step):
                     b = min(n, a + step)
                     rows = feats.read(a, b).reshape(b - a, dim)

@@ -281,7 +281,7 @@ Sampled edges per second (and batches per second) of ooc's node-wise sampler bes
 PyTorch reference, DGL's CPU sampler and PyG's torch_sparse.neighbor_sample, on the same CSC graph, the
 same seed batches, fanouts and thread count; the JIT / set-up warm-up is not timed, the best of
 --repeats passes is reported.  A peer that is not installed is skipped with a message (see
-docs/benchmarks.md, "Sampling (issue 4)", for how to install DGL and torch_sparse)."""
+docs/benchmarks.md, "Samplers", for how to install DGL and torch_sparse)."""
 
 
 def add_sample_parser(bsub: argparse._SubParsersAction) -> None:

@@ -10,7 +10,7 @@ each training stage (root only).  The record is rewritten to ``RESULTS`` (JSON) 
 so an interrupted run keeps the stages it finished, and a rerun skips stages already recorded as
 done for the same configuration (``--redo`` forces them).
 
-Full run (issue 8): ``ooc bench scale --workdir /work/bench-data/issue8``.
+Full run (1 B edges): ``ooc bench scale --workdir /work/bench-data/scale``.
 Small variant (~10 M edges, under 10 minutes on 2 cores): ``ooc bench scale --small``.
 """
 
@@ -242,7 +242,7 @@ def _train_cmd(cfg: ScaleConfig, ds: Path, mode: str, run: Path) -> list[str]:
 
 def run_kill_resume(cfg: ScaleConfig, work: Path, mode: str, kill_step: int, every: int,
                     drop: bool = True) -> dict:
-    """The interruption check of issue 8: train ``mode`` again into ``runs/MODE-resume`` with
+    """The interruption check: train ``mode`` again into ``runs/MODE-resume`` with
     ``--checkpoint-every EVERY``, SIGKILL it after ``kill_step`` steps, ``--resume`` it, and compare
     the result with the uninterrupted ``runs/MODE`` (which must exist).
 

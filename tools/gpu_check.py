@@ -1,4 +1,4 @@
-"""GPU check (issue 7): run the GPU-only paths of data-parallel training in one short script.
+"""GPU check of data-parallel training: run the GPU-only paths of data-parallel training in one short script.
 
 ``tools/gpu_check.sh`` (or ``python -m ooc.tools.gpu_check``) on a machine with CUDA:
 

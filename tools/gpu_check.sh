@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check of issue 7: NCCL DDP over the visible GPUs and the device feature cache (pinned memory,
+# GPU check of data-parallel training: NCCL DDP over the visible GPUs and the device feature cache (pinned memory,
 # non-blocking copies); prints throughput and cache hit ratios. Fails clearly without a GPU.
 #   tools/gpu_check.sh [--workdir DIR] [--nodes N] [--feat-dim D] [--batch-size B] [--allow-cpu]
 set -euo pipefail

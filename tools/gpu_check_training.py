@@ -1,4 +1,4 @@
-"""GPU check of the training features (issue 6): run on a machine with CUDA, record the output.
+"""GPU check of the training features: run on a machine with CUDA, record the output.
 
     python -m ooc.tools.gpu_check_training [--workdir DIR]
 

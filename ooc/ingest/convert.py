@@ -17,9 +17,13 @@ from ooc.storage.dataset import DatasetWriter
 from ooc.util.sizes import parse_bytes
 from ooc.ingest.planetoid import read_planetoid
 from ooc.storage.idmap import write_int_id_map, write_str_id_map
+from ooc.ingest.nodetables import (JsonFeatures, is_json, keyed_feature_rows, labels_from_array,
+                                   parse_int_ids, read_label_table)
+from ooc.ingest.structural import parse_structural, structural_feature_rows
+from ooc.ingest.splits import SPLITS, parse_fractions, random_split, read_split, split_spec
 from ooc.ingest.readers import (InputError, NumpyEdges, TextTable, _pread_into,
                                load_array, read_string_pairs)
-from ooc.ingest.streaming import (DEFAULT_CHUNK_EDGES, EdgeChunk, SpoolWriter,
+from ooc.ingest.streaming import (DEFAULT_CHUNK_EDGES, EdgeChunk, SpoolEdgeSource, SpoolWriter,
                                  SymmetricSource, build_csc_to_writer,
                                  rank_of, spool_with_id_map)
 
@@ -99,7 +103,7 @@ def convert_planetoid(raw_dir: str | Path, name: str, out: str | Path, overwrite
     return path
 
 
-# ---------------------------------------------------------------- streaming converters (issue 3)
+# ---------------------------------------------------------------- streaming converters
 ID_MODES = ("dense", "map", "string", "typed")
 
 
@@ -123,6 +127,9 @@ class GraphOptions:
         node_types: typed nodes ``[(name, count), ...]`` (internal id = type offset + local id).
         src_type, dst_type: node types of the edge columns (with ``ids="typed"``).
         chunk_edges: edges per streamed chunk; chunk_bytes: bytes per text block.
+        split_random: draw (train, valid, test) fractions of the labelled nodes at random
+            (:func:`ooc.ingest.splits.random_split`; recorded in the manifest as ``split``);
+            ``stratify`` keeps the class proportions; ``split_seed`` seeds the draw.
     """
 
     num_nodes: int | None = None
@@ -142,6 +149,9 @@ class GraphOptions:
     chunk_bytes: int = 16 << 20
     progress: bool = False
     name: str | None = None
+    split_random: tuple[float, float, float] | None = None
+    stratify: bool = False
+    split_seed: int = 0
 
     def validate(self) -> None:
         if self.ids not in ID_MODES:
@@ -161,6 +171,10 @@ class GraphOptions:
                     raise ValueError(f"node type {t!r} not in --node-types {names}")
         if self.num_nodes is not None and self.num_nodes < 0:
             raise ValueError(f"--num-nodes must be >= 0, got {self.num_nodes}")
+        if self.split_random is not None:
+            self.split_random = parse_fractions(",".join(str(f) for f in self.split_random))
+        elif self.stratify:
+            raise ValueError("--stratify applies to --split-random")
 
 
 def parse_node_types(spec: str) -> list[tuple[str, int]]:
@@ -183,16 +197,29 @@ class NodeInputs:
     """Node-role inputs (never classified by length: every array here has one row per node).
 
     Attributes:
-        labels: a text table path (``label_cols`` = id column, label column) or a ``.npy`` [N].
-        features: a ``.npy`` [N, D] (rows in node-id order; dense ids only) or an array.
-        splits: ``{"train"|"valid"|"test": path}``: text (ids in column 0) or ``.npy`` (ids, or a
-            bool mask [N]).
+        labels: a text table path (``label_cols`` = id column, label column; integer, boolean or
+            named labels) or a ``.npy`` [N].
+        features: a ``.npy`` [N, D] (rows in node-id order; dense ids only) or an array; a JSON
+            object keyed by node id (``.json``, :class:`~ooc.ingest.nodetables.JsonFeatures`; ids
+            mapped like the edge list's); or ``"structural[:D]"``
+            (:mod:`ooc.ingest.structural`).
+        feature_format: JSON layout, ``auto``, ``dense`` or ``indices``; feat_dim: D for
+            ``indices``.
+        splits: ``{"train"|"valid"|"test": FILE or FILE:MEMBER}``: text (ids in column 0), ``.npy``
+            (ids, or a bool mask [N]), an ``.npz`` member, or entry INDEX of a pickled split list
+            (see :mod:`ooc.ingest.splits`).
     """
 
     labels: str | Path | None = None
     label_cols: tuple[int | str, int | str] = (0, 1)
     features: str | Path | np.ndarray | None = None
     splits: dict[str, str | Path] = field(default_factory=dict)
+    feature_format: str = "auto"
+    feat_dim: int | None = None
+
+    def split_files(self) -> list[Path]:
+        """The distinct files behind ``splits`` (``FILE:MEMBER`` -> ``FILE``)."""
+        return list(dict.fromkeys(split_spec(v)[0] for v in self.splits.values()))
 
 
 class _Job:
@@ -210,6 +237,8 @@ class _Job:
         self.manifest: dict = {"source_format": source_format}
         self.num_nodes: int | None = opts.num_nodes
         self.sorted_ids: np.ndarray | None = None  # map mode
+        self.num_classes: int | None = None  # set by class names
+        self.structural_dim: int | None = None  # --features structural[:D]
         self.type_offsets: dict[str, int] = {}
         if opts.ids == "typed":
             off = 0
@@ -281,13 +310,32 @@ class _Job:
         write_int_id_map(self.w.tmp / "catalog.lmdb", ids)
         self.manifest["id_map"] = {"kind": "int64", "order": "ascending external id"}
 
+    def spool_dense_edges(self, path: Path, sep: str | None = None,
+                          header: bool | str = False) -> SpoolEdgeSource:
+        """Spool a two-column text edge list of dense ids (validated, naming file and line)."""
+        table = TextTable(path, [0, 1], ["int", "int"], sep=sep, header=header,
+                          block_bytes=self.opts.chunk_bytes)
+        spool = SpoolWriter(self.work, "edges", False)
+        for blk in table.blocks():
+            where = _where_line(path, blk.lines)
+            spool.append(self.dense_ids(blk.ints[:, 0], where, "source"),
+                         self.dense_ids(blk.ints[:, 1], where, "destination"))
+        return spool.close(self.opts.chunk_edges)
+
     # ------------------------------------------------------------ node inputs
-    def read_label_table(self, path: str | Path, cols: Sequence[int | str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(ids int64, labels int64, lines) of a text label table (ids not yet mapped)."""
-        t = TextTable(path, list(cols), ["int", "int"], header="auto",
-                      block_bytes=self.opts.chunk_bytes)
-        blk = t.read_all()
-        return blk.ints[:, 0], blk.ints[:, 1], blk.lines
+    def read_label_table(self, path: str | Path, cols: Sequence[int | str],
+                         string_ids: bool = False) -> tuple[np.ndarray | list[str], np.ndarray, np.ndarray]:
+        """(ids, labels int64, lines) of a text label table (ids not yet mapped: int64, or tokens
+        with ``string_ids``); boolean or named labels put their class names in the manifest."""
+        t = read_label_table(path, cols, string_ids=string_ids)
+        self.set_class_names(t.class_names)
+        return t.ids, t.labels, t.lines
+
+    def set_class_names(self, names: list[str] | None) -> None:
+        """Record the names of classes 0..K-1 (manifest ``class_names``; ``ooc info`` shows them)."""
+        if names is not None:
+            self.manifest["class_names"] = list(names)
+            self.num_classes = len(names)
 
     def write_graph(self, source: object, name: str, nodes: NodeInputs,
                     labels_in: tuple[np.ndarray, np.ndarray] | None = None,
@@ -303,6 +351,13 @@ class _Job:
         stats = build_csc_to_writer(sym, n, self.w, self.work, dedup=opts.dedup or opts.undirected,
                                     memory_budget=self.budget, progress=opts.progress)
         # features
+        if features_rows is None and self.structural_dim:
+            features_rows = structural_feature_rows(self.w.arrays_root, n, self.structural_dim)
+            feat_shape = (n, self.structural_dim)
+            self._feat_name = "structural features"
+            self.manifest["feature_source"] = {
+                "kind": "structural", "dim": self.structural_dim,
+                "columns": "log(1 + in-degree), random projection of the adjacency row"}
         if features_rows is not None:
             assert feat_shape is not None
             if feat_shape[0] is not None and feat_shape[0] != n:
@@ -329,7 +384,7 @@ class _Job:
                 raise InputError(f"{self._feat_name}: {fw.rows} feature rows but the graph has {n} nodes")
             self.w.finish_array(fw)
         # labels
-        ncls = num_classes
+        ncls = num_classes if num_classes is not None else self.num_classes
         if labels_in is not None:
             ids, lab = labels_in
             labels = np.full(n, -1, dtype=np.int32)
@@ -337,6 +392,13 @@ class _Job:
             self.w.write_array("labels", labels)
             if ncls is None:
                 ncls = int(lab.max()) + 1 if lab.size else 0
+        if opts.split_random is not None:
+            if split_ids:
+                raise ValueError("--split-random draws the splits; the input has splits already")
+            if labels_in is None:
+                raise ValueError("--split-random draws from the labelled nodes: pass --labels")
+            split_ids, self.manifest["split"] = random_split(labels, opts.split_random,
+                                                             opts.split_seed, opts.stratify)
         for s, ids in (split_ids or {}).items():
             self.w.write_array(s, np.unique(np.asarray(ids, dtype=np.int64)))
         if opts.ids == "typed":
@@ -367,7 +429,8 @@ class _Job:
     def features_from_array(self, feat: str | Path | np.ndarray) -> tuple[Iterator, tuple[int, int]]:
         if self.opts.ids in ("map", "string"):
             raise InputError(f"{feat if not isinstance(feat, np.ndarray) else 'features'}: feature rows "
-                             "are in node-id order, which needs dense ids (--ids dense)")
+                             "are in node-id order, which needs dense ids (--ids dense); give a "
+                             "table keyed by node id (.json) instead")
         arr = feat if isinstance(feat, np.ndarray) else load_array(feat)
         self._feat_name = "features" if isinstance(feat, np.ndarray) else str(feat)
         if arr.ndim == 1:
@@ -387,28 +450,52 @@ class _Job:
                     yield a, np.asarray(arr[a:a + step])
         return rows(), (int(arr.shape[0]), int(arr.shape[1]))
 
+    def json_features(self, nodes: NodeInputs) -> JsonFeatures | None:
+        """The JSON feature table of ``nodes`` (scanned by the caller with the other node ids), or None."""
+        if not is_json(nodes.features):
+            return None
+        if self.opts.ids == "typed":
+            raise InputError(f"{nodes.features}: JSON features are keyed by node id; --ids typed "
+                             "is not supported with them")
+        return JsonFeatures(nodes.features, nodes.feature_format, nodes.feat_dim,
+                            block_chars=self.opts.chunk_bytes)
+
+    def node_features(self, nodes: NodeInputs, table: JsonFeatures | None,
+                      resolve_keys: Callable[[list[str], Callable[[int], str]], np.ndarray]
+                      ) -> tuple[Iterator | None, tuple[int | None, int] | None]:
+        """The feature rows of ``nodes`` for :meth:`write_graph`: none, structural (computed there),
+        a keyed JSON table (``table``, already scanned; keys resolved with ``resolve_keys``) or an
+        array in node order."""
+        f = nodes.features
+        if f is None:
+            return None, None
+        dim = parse_structural(f)
+        if dim is not None:
+            self.structural_dim = dim
+            return None, None
+        if table is not None:
+            self._feat_name = str(table.path)
+            rec: dict = {"kind": "json", "layout": table.format, "dim": table.dim}
+            self.manifest["feature_source"] = rec
+            rows = keyed_feature_rows(table, int(self.num_nodes or 0), resolve_keys, self.work,
+                                      self.budget, self.opts.chunk_edges, rec)
+            return rows, (None, int(table.dim or 0))
+        return self.features_from_array(f)
+
+    def int_key_resolver(self, resolve: Callable) -> Callable[[list[str], Callable[[int], str]], np.ndarray]:
+        """``resolve`` (int64 ids -> internal) for the string keys of a JSON table."""
+        return lambda keys, where: resolve(parse_int_ids(keys, where, "node id"), where)
+
     def split_ids_from(self, splits: dict[str, str | Path], resolve: Callable) -> dict[str, np.ndarray]:
-        """Read split files: text (ids in column 0) or ``.npy`` (ids, or bool mask [N])."""
+        """Read split files (``FILE`` or ``FILE:MEMBER``, see :mod:`ooc.ingest.splits`)."""
         out = {}
+        if splits and self.opts.split_random is not None:
+            raise ValueError(f"--split-random draws the splits, but split files are given too "
+                             f"({', '.join(sorted(splits))})")
         for s, path in splits.items():
-            if s not in ("train", "valid", "test"):
+            if s not in SPLITS:
                 raise ValueError(f"unknown split {s!r} (train, valid, test)")
-            p = Path(path)
-            if p.suffix in (".npy", ".npz"):
-                arr = np.asarray(load_array(p, mmap=False))
-                if arr.dtype == bool:
-                    if arr.shape != (self.num_nodes,):
-                        raise InputError(f"{p}: boolean mask of shape {arr.shape}, expected "
-                                         f"({self.num_nodes},)")
-                    out[s] = np.flatnonzero(arr)
-                    continue
-                if arr.dtype.kind not in "iu":
-                    raise InputError(f"{p}: split ids of dtype {arr.dtype}, expected integers")
-                out[s] = resolve(arr.reshape(-1), lambda i, p=p: f"{p}: row {i}")
-            else:
-                t = TextTable(p, [0], ["int"], header="auto", block_bytes=self.opts.chunk_bytes)
-                blk = t.read_all()
-                out[s] = resolve(blk.ints[:, 0], lambda i, p=p, L=blk.lines: f"{p}:{L[i]}")
+            out[s] = read_split(path, s, int(self.num_nodes or 0), resolve, self.opts.chunk_bytes)
         return out
 
 
@@ -447,15 +534,18 @@ def convert_edgelist(path: str | Path, out: str | Path, opts: GraphOptions | Non
             opts.num_nodes = max(mm[0], mm[1])
     job = _Job(out, opts, overwrite, "edgelist" if mm is None else "matrix-market")
     with job.w:
-        for f in [p] + [Path(x) for x in (nodes.labels, *nodes.splits.values()) if x is not None] + \
-                ([Path(nodes.features)] if isinstance(nodes.features, (str, Path)) else []):
+        for f in [p] + [Path(x) for x in (nodes.labels, *nodes.split_files()) if x is not None] + \
+                ([Path(nodes.features)] if isinstance(nodes.features, (str, Path)) and
+                 parse_structural(nodes.features) is None else []):
             if not f.is_file():
                 raise InputError(f"{f}: no such file")
+        ftable = job.json_features(nodes)
         has_w = weight_col is not None
         labels_in = None
         if opts.ids == "string":
             source, labels_in, resolve = _string_edges(job, p, sep, comments, header, skip_rows,
-                                                       src_col, dst_col, nodes)
+                                                       src_col, dst_col, nodes, ftable)
+            resolve_keys = resolve
         else:
             cols = [src_col, dst_col] + ([weight_col] if has_w else [])
             kinds = ["int", "int"] + (["float"] if has_w else [])
@@ -469,7 +559,7 @@ def convert_edgelist(path: str | Path, out: str | Path, opts: GraphOptions | Non
                 source, ids = spool_with_id_map(
                     ((b.ints[:, 0], b.ints[:, 1], b.floats[:, 0] if has_w else None)
                      for b in table.blocks()), job.work, job.budget // 8, has_w, opts.chunk_edges,
-                    [lab[0]] if lab is not None else [])
+                    _node_ids(lab[0] if lab is not None else None, ftable))
                 job.set_map(ids)
                 resolve = job.map_ids
             else:
@@ -490,8 +580,10 @@ def convert_edgelist(path: str | Path, out: str | Path, opts: GraphOptions | Non
                 if lab is not None:
                     lab = (job.dense_ids(lab[0], _where_line(Path(nodes.labels), lab[2])), lab[1], lab[2])
                     max_id = max(max_id, int(lab[0].max()) if lab[0].size else -1)
+                max_id = max(max_id, _max_key_id(job, ftable))
                 if job.num_nodes is None:
                     job.num_nodes = max_id + 1
+            resolve_keys = job.int_key_resolver(resolve)
             if lab is not None:
                 if opts.ids == "map":
                     labels_in = (job.map_ids(lab[0], _where_line(Path(nodes.labels), lab[2])), lab[1])
@@ -499,14 +591,39 @@ def convert_edgelist(path: str | Path, out: str | Path, opts: GraphOptions | Non
                     labels_in = (lab[0], lab[1])
         if nodes.labels is not None and Path(nodes.labels).suffix in (".npy", ".npz"):
             labels_in = _label_array(job, nodes.labels)
-        feats, shape = (job.features_from_array(nodes.features) if nodes.features is not None
-                        else (None, None))
+        feats, shape = job.node_features(nodes, ftable, resolve_keys)
         split_ids = job.split_ids_from(nodes.splits, resolve)
         job.w.add_source(p)
-        for f in (nodes.labels, nodes.features, *nodes.splits.values()):
-            if isinstance(f, (str, Path)):
+        for f in (nodes.labels, nodes.features, *nodes.split_files()):
+            if isinstance(f, (str, Path)) and parse_structural(f) is None:
                 job.w.add_source(f)
         return job.write_graph(source, p.stem, nodes, labels_in, feats, shape, split_ids)
+
+
+def _json_key_ids(table: JsonFeatures | None) -> Iterator[tuple[np.ndarray, Callable[[int], str]]]:
+    """Pass 1 of a JSON feature table: blocks of its keys as integer ids, with ``where(i)``."""
+    if table is not None:
+        p = table.path
+        for keys, lines in table.scan():
+            where = (lambda i, L=lines: f"{p}:{L[i]}")
+            yield parse_int_ids(keys, where, "node id"), where
+
+
+def _node_ids(label_ids: np.ndarray | None, table: JsonFeatures | None) -> Iterator[np.ndarray]:
+    """The integer node ids of the node tables (label ids, JSON feature keys), for the id map."""
+    if label_ids is not None:
+        yield label_ids
+    for ids, _ in _json_key_ids(table):
+        yield ids
+
+
+def _max_key_id(job: _Job, table: JsonFeatures | None) -> int:
+    """Largest (shifted, validated) node id among the keys of a JSON feature table (dense ids)."""
+    mx = -1
+    for ids, where in _json_key_ids(table):
+        if ids.size:
+            mx = max(mx, int(job.dense_ids(ids, where).max()))
+    return mx
 
 
 def _matrix_market_size(p: Path) -> tuple[int, int, int] | None:
@@ -544,19 +661,19 @@ def _label_array(job: _Job, path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     lab = np.asarray(load_array(path, mmap=False))
     if lab.ndim != 1 or lab.shape[0] != job.num_nodes:
         raise InputError(f"{path}: label array of shape {lab.shape}, expected ({job.num_nodes},)")
-    if lab.dtype.kind not in "iu":
-        raise InputError(f"{path}: labels of dtype {lab.dtype}, expected integers")
-    return np.arange(job.num_nodes, dtype=np.int64), lab.astype(np.int64)
+    lab, names = labels_from_array(lab, str(path))
+    job.set_class_names(names)
+    return np.arange(job.num_nodes, dtype=np.int64), lab
 
 
 def _string_edges(job: _Job, p: Path, sep: str | None, comments: str, header: bool | str,
                   skip_rows: int, src_col: int | str, dst_col: int | str,
-                  nodes: NodeInputs) -> tuple:
+                  nodes: NodeInputs, table: JsonFeatures | None = None) -> tuple:
     """String ids: collect distinct tokens in a scratch LMDB (sorted, bounded memory), store the
     map, then re-read the file and spool internal ids."""
     hdr = header is True or (header == "auto" and (isinstance(src_col, str) and not src_col.isdigit()))
     tmp_env = lmdb.open(str(job.work / "strings.lmdb"), map_size=1 << 40, subdir=True, lock=False)
-    lab_rows: list[tuple[str, str, int]] = []
+    lab_rows: list[tuple[str, int, int]] = []
     try:
         def add(tokens: set[str]) -> None:
             with tmp_env.begin(write=True) as txn:
@@ -566,15 +683,12 @@ def _string_edges(job: _Job, p: Path, sep: str | None, comments: str, header: bo
         for rows, _ in read_string_pairs(p, [src_col, dst_col], sep, comments, hdr, skip_rows):
             add({t for r in rows for t in r})
         if nodes.labels is not None and Path(nodes.labels).suffix not in (".npy", ".npz"):
-            lp = Path(nodes.labels)
-            lhdr = not isinstance(nodes.label_cols[0], int) and not str(nodes.label_cols[0]).isdigit()
-            for rows, first in read_string_pairs(lp, list(nodes.label_cols), sep, comments, lhdr):
-                for i, (tok, lab) in enumerate(rows):
-                    if not lab.lstrip("+").isdigit():
-                        raise InputError(f"{lp}: label {lab!r} of node {tok!r} is not a "
-                                         "non-negative integer")
-                    lab_rows.append((tok, lab, first + i))
-            add({t for t, _, _ in lab_rows})
+            toks, labs, lines = job.read_label_table(nodes.labels, nodes.label_cols, string_ids=True)
+            lab_rows = list(zip(toks, labs.tolist(), lines.tolist()))
+            add(set(toks))
+        if table is not None:
+            for keys, _ in table.scan():
+                add(set(keys))
         with tmp_env.begin() as txn:
             n = write_str_id_map(job.w.tmp / "catalog.lmdb",
                                  (bytes(k) for k in txn.cursor().iternext(keys=True, values=False)))
@@ -607,10 +721,10 @@ def _string_edges(job: _Job, p: Path, sep: str | None, comments: str, header: bo
     labels_in = None
     if lab_rows:
         ids = lookup([t for t, _, _ in lab_rows], lambda i: f"{nodes.labels}:{lab_rows[i][2]}")
-        labels_in = (ids, np.asarray([int(x) for _, x, _ in lab_rows], dtype=np.int64))
+        labels_in = (ids, np.asarray([x for _, x, _ in lab_rows], dtype=np.int64))
 
-    def resolve(ids: np.ndarray, where: Callable[[int], str]) -> np.ndarray:
-        return lookup([str(x) for x in ids.tolist()], where)
+    def resolve(ids: np.ndarray | list[str], where: Callable[[int], str]) -> np.ndarray:
+        return lookup([str(x) for x in ids.tolist()] if isinstance(ids, np.ndarray) else ids, where)
     source = spool.close(job.opts.chunk_edges)
     job._str_env = env  # closed with the process; read-only
     return source, labels_in, resolve
@@ -696,11 +810,12 @@ def convert_numpy(path: str | Path, out: str | Path, opts: GraphOptions | None =
             if weight.shape != (edges.num_edges,):
                 raise InputError(f"{edge_weights}: edge weights of shape {weight.shape}, expected "
                                  f"({edges.num_edges},) (one per edge)")
+        table = job.json_features(nodes)
         if opts.ids == "map":
             source, ids = spool_with_id_map(
                 ((s, d, None if weight is None else weight[a:a + s.shape[0]])
                  for a, s, d in edges.chunks(opts.chunk_edges)), job.work, job.budget // 8,
-                weight is not None, opts.chunk_edges)
+                weight is not None, opts.chunk_edges, _node_ids(None, table))
             job.set_map(ids)
             resolve = job.map_ids
         elif opts.ids == "string":
@@ -713,17 +828,18 @@ def convert_numpy(path: str | Path, out: str | Path, opts: GraphOptions | None =
                 for c in source.chunks():  # validation pass that also finds the largest id
                     if c.src.size:
                         mx = max(mx, int(c.src.max()), int(c.dst.max()))
-                job.num_nodes = mx + 1
+                job.num_nodes = max(mx, _max_key_id(job, table)) + 1
+            elif table is not None:
+                _max_key_id(job, table)  # pass 1 of the JSON: keys checked against N, layout found
         labels_in = _label_array(job, nodes.labels) if nodes.labels is not None and \
             Path(nodes.labels).suffix in (".npy", ".npz") else None
         if nodes.labels is not None and labels_in is None:
             ids, lab, lines = job.read_label_table(nodes.labels, nodes.label_cols)
             labels_in = (resolve(ids, _where_line(Path(nodes.labels), lines)), lab)
-        feats, shape = (job.features_from_array(nodes.features) if nodes.features is not None
-                        else (None, None))
+        feats, shape = job.node_features(nodes, table, job.int_key_resolver(resolve))
         split_ids = job.split_ids_from(nodes.splits, resolve)
-        for f in (p, edge_weights, nodes.labels, nodes.features, *nodes.splits.values()):
-            if isinstance(f, (str, Path)):
+        for f in (p, edge_weights, nodes.labels, nodes.features, *nodes.split_files()):
+            if isinstance(f, (str, Path)) and parse_structural(f) is None:
                 job.w.add_source(f)
         return job.write_graph(source, p.stem, nodes, labels_in, feats, shape, split_ids)
 
@@ -773,13 +889,7 @@ def convert_ogb(root: str | Path, out: str | Path, opts: GraphOptions | None = N
         raise InputError(f"{root}: OGB ids are dense 0..N-1; --ids {opts.ids} does not apply")
     job = _Job(out, opts, overwrite, "ogb")
     with job.w:
-        table = TextTable(edge_f, [0, 1], ["int", "int"], header=False, block_bytes=opts.chunk_bytes)
-        spool = SpoolWriter(job.work, "edges", False)
-        for blk in table.blocks():
-            where = _where_line(edge_f, blk.lines)
-            spool.append(job.dense_ids(blk.ints[:, 0], where, "source"),
-                         job.dense_ids(blk.ints[:, 1], where, "destination"))
-        source = spool.close(opts.chunk_edges)
+        source = job.spool_dense_edges(edge_f, header=False)
         sources = [edge_f, nn_f]
         feats = shape = None
         try:
@@ -917,13 +1027,7 @@ def convert_geom_gcn(raw_dir: str | Path, out: str | Path, opts: GraphOptions | 
     opts.num_nodes = n
     job = _Job(out, opts, overwrite, "geom-gcn")
     with job.w:
-        table = TextTable(ef, [0, 1], ["int", "int"], sep="\t", header=True)
-        spool = SpoolWriter(job.work, "edges", False)
-        for blk in table.blocks():
-            where = _where_line(ef, blk.lines)
-            spool.append(job.dense_ids(blk.ints[:, 0], where, "source"),
-                         job.dense_ids(blk.ints[:, 1], where, "destination"))
-        source = spool.close(opts.chunk_edges)
+        source = job.spool_dense_edges(ef, sep="\t", header=True)
         split_ids: dict[str, np.ndarray] = {}
         if split is not None:
             sp = Path(split)

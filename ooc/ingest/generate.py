@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-from tqdm import tqdm
+from ooc.util.progress import progress as progress_bar
 
 from ooc.kernels.graph import index_dtype_for
 from ooc.kernels.rmat import GRAPH500_ABC, rmat_edges, rmat_node_data
@@ -81,8 +81,8 @@ def write_rmat_edge_file(path: str | Path, num_nodes: int, num_edges: int, seed:
     """
     src = RmatSource(num_nodes, num_edges, seed=seed, chunk_edges=chunk_edges)
     out = np.lib.format.open_memmap(path, mode="w+", dtype=np.dtype(dtype), shape=(num_edges, 2))
-    for a in tqdm(range(0, num_edges, chunk_edges), disable=not progress, desc="rmat edges",
-                  unit="chunk"):
+    for a in progress_bar(range(0, num_edges, chunk_edges), enabled=progress, desc="rmat edges",
+                          unit="chunk"):
         s, d = src.chunk(a, min(chunk_edges, num_edges - a))
         out[a:a + s.shape[0], 0] = s
         out[a:a + s.shape[0], 1] = d
@@ -144,7 +144,7 @@ def generate_rmat(out: str | Path, num_nodes: int, num_edges: int, feat_dim: int
         split_ids: list[list[np.ndarray]] = [[], [], []]
         key = np.uint64(int(src.key) ^ 0x5EED)
         fr = np.asarray(splits, dtype=np.float64)
-        for a in tqdm(range(0, num_nodes, step), disable=not progress, desc="nodes", unit="chunk"):
+        for a in progress_bar(range(0, num_nodes, step), enabled=progress, desc="nodes", unit="chunk"):
             m = min(step, num_nodes - a)
             rmat_node_data(a, m, num_classes, centroids, float(noise), fr, key, feats, labels, member)
             fw.append(feats[:m].astype(feat_dtype, copy=False))

@@ -1,7 +1,7 @@
 """Minimal reader of the Geom-GCN text layout (Actor/film, WebKB), one dataset per split.
 
-Stop-gap for the accuracy table (issue 6) until the general converter (issue 3) reads this layout;
-the lead reconciles the two.  Layout (Pei et al., ICLR'20, ``new_data/<name>/``)::
+Written for the accuracy table before ``ooc convert geom-gcn`` (:func:`ooc.ingest.convert.convert_geom_gcn`)
+read this layout, which is the converter to use now; nothing imports this module.  Layout (Pei et al., ICLR'20, ``new_data/<name>/``)::
 
     out1_node_feature_label.txt   header, then "node_id<TAB>f1,f2,...<TAB>label" (feature indices of a
                                   binary bag of words; WebKB rows hold the dense 0/1 vector instead)

@@ -76,15 +76,20 @@ class _RestrictedUnpickler(pickle.Unpickler):
             raise pickle.UnpicklingError(f"global '{module}.{name}' is not allowed") from None
 
 
-def restricted_load(path: str | Path) -> object:
-    """Unpickle a Planetoid file admitting only numpy arrays, CSR state, defaultdict and list.
+def restricted_load(path: str | Path, offset: int = 0) -> object:
+    """Unpickle a file admitting only plain containers (dict, list, tuple, defaultdict), numpy arrays
+    and dtypes, and CSR state: Planetoid raw files, and pickled ``.npy`` object arrays (the pickle
+    after the header at ``offset``, e.g. LINKX split files).  No other global is ever imported, so
+    a pickle cannot run code.
 
     Raises:
         PlanetoidError: missing file, truncated or malformed pickle, or a forbidden global.
     """
     p = Path(path)
     try:
-        data = p.read_bytes()
+        with open(p, "rb") as f:
+            f.seek(offset)
+            data = f.read()
     except FileNotFoundError:
         raise PlanetoidError(f"{p}: missing Planetoid raw file") from None
     if not data:

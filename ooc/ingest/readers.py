@@ -234,12 +234,14 @@ def _skip_bytes(f: io.BufferedIOBase, n: int) -> None:
 
 def read_string_pairs(path: str | os.PathLike, columns: Sequence[int | str], sep: str | None = None,
                       comments: str = "#%", header: bool | str = False, skip_rows: int = 0,
-                      block_lines: int = 1 << 18) -> Iterator[tuple[list[str], int]]:
+                      block_lines: int = 1 << 18,
+                      with_lines: bool = False) -> Iterator[tuple[list[list[str]], int | list[int]]]:
     """Yield blocks ``(rows, first_line)`` of string fields (ids that are not integers).
 
     Each row is the list of the selected fields, in ``columns`` order.  Same comment, blank-line,
-    header and column-count rules as :class:`TextTable`; pure Python (string ids are not the
-    billion-edge path).
+    header and column-count rules as :class:`TextTable` (``header="auto"``: a first data line without
+    any numeric field is a header); pure Python (string ids are not the billion-edge path).  With
+    ``with_lines`` the second item is the list of every row's 1-based line number instead.
 
     Raises:
         InputError: wrong column count (file and line), unknown column, no data lines.
@@ -252,6 +254,7 @@ def read_string_pairs(path: str | os.PathLike, columns: Sequence[int | str], sep
     with open_text(p) as fb:
         f = io.TextIOWrapper(fb, encoding="utf-8", errors="replace", newline=None)
         rows: list[list[str]] = []
+        lines: list[int] = []
         first = 0
         for line_no, raw in enumerate(f, 1):
             if line_no <= skip_rows:
@@ -260,10 +263,12 @@ def read_string_pairs(path: str | os.PathLike, columns: Sequence[int | str], sep
             if not text or text[0] in comments:
                 continue
             fields = _split_fields(text, sep)
-            if names is None and header is True:
+            if names is None and (header is True or (header == "auto" and
+                                                     not any(_is_number(t) for t in fields))):
                 names = fields
                 header = False
                 continue
+            header = False
             if idx is None:
                 idx = []
                 for c in columns:
@@ -280,12 +285,14 @@ def read_string_pairs(path: str | os.PathLike, columns: Sequence[int | str], sep
             if not rows:
                 first = line_no
             rows.append([fields[i] for i in idx])
+            if with_lines:
+                lines.append(line_no)
             any_rows = True
             if len(rows) >= block_lines:
-                yield rows, first
-                rows = []
+                yield rows, (lines if with_lines else first)
+                rows, lines = [], []
         if rows:
-            yield rows, first
+            yield rows, (lines if with_lines else first)
     if not any_rows:
         raise InputError(f"{p}: no data lines (empty file)")
 

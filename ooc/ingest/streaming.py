@@ -28,15 +28,16 @@ from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
 import numpy as np
-from tqdm import tqdm
 
 from ooc.kernels import graph as kg
 from ooc.storage.dataset import DatasetWriter, _fault_point
+from ooc.util.progress import progress as progress_bar
 from ooc.util.threads import prefetch as prefetched
 
 __all__ = ["EdgeChunk", "EdgeSource", "ArrayEdgeSource", "SpoolEdgeSource", "SpoolWriter",
            "SymmetricSource", "UniqueIdCollector", "build_csc_streaming",
-           "DEFAULT_CHUNK_EDGES", "spool_with_id_map", "build_csc_to_writer", "coo_to_csr", "ArraySink"]
+           "DEFAULT_CHUNK_EDGES", "spool_with_id_map", "build_csc_to_writer", "coo_to_csr", "ArraySink",
+           "FileSink"]
 
 log = logging.getLogger("ooc.convert")
 
@@ -327,6 +328,33 @@ class ArraySink:
         return np.concatenate(self.parts) if self.parts else np.empty(0, dtype=dtype)
 
 
+class FileSink:
+    """Scratch sink with the ``append`` method of :class:`~ooc.storage.rawarray.RawArrayWriter`: rows
+    appended to a plain binary file (read back with :meth:`read`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._f = open(path, "wb")
+        self.dtype: np.dtype | None = None
+        self.rows = 0
+
+    def append(self, rows: np.ndarray) -> None:
+        a = np.ascontiguousarray(rows)
+        self.dtype = a.dtype if self.dtype is None else self.dtype
+        a.astype(self.dtype, copy=False).tofile(self._f)
+        self.rows += int(a.shape[0])
+
+    def close(self) -> None:
+        self._f.close()
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` (after :meth:`close`)."""
+        if self.dtype is None or stop <= start:
+            return np.empty(0, dtype=self.dtype or np.float32)
+        return np.fromfile(self.path, dtype=self.dtype, count=stop - start,
+                           offset=start * self.dtype.itemsize)
+
+
 def build_csc_to_writer(source: EdgeSource, num_nodes: int, writer: DatasetWriter, workdir: Path,
                         dedup: bool = False, memory_budget: int = 2 << 30,
                         progress: bool = False) -> dict:
@@ -384,7 +412,7 @@ def build_csc_streaming(source: EdgeSource, num_nodes: int, out_indices: object,
         index_nodes: range of the stored (source) ids if it differs from N (rectangular matrices).
         dedup: keep one of each repeated ``(src, dst)`` pair (the first in input order, with its value).
         memory_budget: bytes for degree arrays, chunk buffers and one bucket.
-        progress: show tqdm bars.
+        progress: show progress bars (:func:`ooc.util.progress.progress`).
 
     Returns:
         ``(indptr int64 [N+1], stats)``; stats: ``num_edges`` (stored), ``input_edges``, ``buckets``,
@@ -402,8 +430,8 @@ def build_csc_streaming(source: EdgeSource, num_nodes: int, out_indices: object,
     # ---- pass A: in-degrees
     deg = np.zeros(n, dtype=np.int64)
     total = 0
-    bar = tqdm(total=source.num_edges, unit="edge", unit_scale=True, disable=not progress,
-               desc="count", dynamic_ncols=True)
+    bar = progress_bar(total=source.num_edges, unit="edge", unit_scale=True, enabled=progress,
+                       desc="count")
     max_chunk = 1
     for c in prefetched(source.chunks()):
         m = c.dst.shape[0]
@@ -464,8 +492,8 @@ def build_csc_streaming(source: EdgeSource, num_nodes: int, out_indices: object,
         bdir = workdir / "buckets"
         bdir.mkdir(parents=True, exist_ok=True)
         files = [[bdir / f"b{b}.src", bdir / f"b{b}.dst", bdir / f"b{b}.w"] for b in range(k)]
-        bar = tqdm(total=total, unit="edge", unit_scale=True, disable=not progress, desc="scatter",
-                   dynamic_ncols=True)
+        bar = progress_bar(total=total, unit="edge", unit_scale=True, enabled=progress,
+                           desc="scatter")
         for c in prefetched(source.chunks()):
             m = c.src.shape[0]
             s = np.empty(m, dtype=idx_dtype)
@@ -489,7 +517,7 @@ def build_csc_streaming(source: EdgeSource, num_nodes: int, out_indices: object,
         _fault_point("csc-scatter")
         # ---- pass C: one bucket at a time
         t2 = time.perf_counter()
-        bar = tqdm(total=k, unit="bucket", disable=not progress, desc="build", dynamic_ncols=True)
+        bar = progress_bar(total=k, unit="bucket", enabled=progress, desc="build")
         for b in range(k):
             lo, hi = int(bounds[b]), int(bounds[b + 1])
             offsets = np.zeros(hi - lo + 1, dtype=np.int64)

@@ -1,0 +1,47 @@
+"""What the CLI writes outside training: first-run notice, quiet broken pipes, progress lines in logs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import small_dataset
+
+CLI = [sys.executable, "-m", "ooc.tools.cli"]
+
+
+def test_info_into_a_closed_pipe_exits_quietly(tmp_path: Path) -> None:
+    ds = small_dataset(tmp_path / "ds", 4, [0, 1, 2], [1, 2, 3])
+    p = subprocess.Popen([*CLI, "info", str(ds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # the reader leaves before ooc writes (like `ooc info DS | head -0`)
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 141
+    assert err == ""
+
+
+def test_first_run_notice_only_while_the_cache_is_cold(tmp_path: Path) -> None:
+    code = ("from ooc.util.jit import first_run_notice\n"
+            "import numpy as np\n"
+            "from ooc.kernels.graph import count_into\n"
+            "k = ['ooc.kernels.graph:count_into']\n"
+            "print(first_run_notice(k, 12))\n"
+            "count_into(np.zeros(3, dtype=np.int64), np.zeros(3, dtype=np.int64))\n"
+            "print(first_run_notice(k, 12))\n")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "True\nFalse\n"
+    assert r.stderr == "compiling kernels, first run only, ~12 s\n"
+
+
+def test_convert_progress_into_a_log_file_is_lines(tmp_path: Path) -> None:
+    (tmp_path / "e.txt").write_text("0 1\n1 2\n2 0\n")
+    env = {**os.environ, "OOC_PROGRESS_INTERVAL": "0"}
+    r = subprocess.run([*CLI, "convert", "edgelist", str(tmp_path / "e.txt"), "--out", str(tmp_path / "ds"),
+                        "--progress"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "\r" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("count:")]
+    assert lines[0].startswith("count:   0%") and lines[-1].startswith("count: 100%")
