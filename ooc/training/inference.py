@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from ooc.models import GNN, to_torch_blocks
+from ooc.util.progress import progress as progress_bar
 from ooc.storage.rawarray import RawArray, RawArrayWriter, write_group_metadata
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -122,7 +122,7 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
         raise ValueError(f"a layer of {widest / 2**30:.1f} GiB needs an out_dir for its Zarr array")
     outputs: dict[int, LayerOutput] = {}
     prev: LayerOutput | None = None
-    bar = tqdm(total=L * n, disable=not progress, unit="node", desc="inference", dynamic_ncols=True)
+    bar = progress_bar(total=L * n, enabled=progress, unit="node", desc="inference")
     try:
         for i in range(L):
             width = model.dims[i + 1]

@@ -44,7 +44,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from ooc.config import TrainConfig
 from ooc.contracts import Job, SingleProcess, Task
@@ -53,6 +52,7 @@ from ooc.models import GNN, build_model
 from ooc.storage.dataset import Dataset
 from ooc.training.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from ooc.util.files import read_jsonl, temp_sibling, write_json_atomic, write_jsonl_atomic
+from ooc.util.progress import progress
 
 __all__ = ["train", "make_task", "make_model", "seed_everything", "peak_rss_bytes", "resolve_device",
            "Interrupted", "RESUMABLE_CHANGES"]
@@ -361,8 +361,8 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
             "config": cfg.to_dict()}, ckpt_path)
 
     steps_per_epoch = task.steps_per_epoch
-    bar = tqdm(total=cfg.epochs * steps_per_epoch, initial=st.global_step, disable=not cfg.progress,
-               unit="batch", dynamic_ncols=True, desc="train")
+    bar = progress(total=cfg.epochs * steps_per_epoch, initial=st.global_step, enabled=cfg.progress,
+                   unit="batch", desc="train")
     elapsed0 = st.elapsed_s
     try:
         for epoch in range(st.epoch, cfg.epochs):
