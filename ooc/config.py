@@ -33,6 +33,9 @@ __all__ = ["TrainConfig", "parse_fanouts", "evaluation_fanouts", "load_yaml", "S
 
 SECTIONS = ("data", "sampler", "model", "task", "train", "eval", "run")
 
+#: ``--mode``: see :mod:`ooc.data.path`
+MODES = ("exact", "buffer", "hybrid")
+
 
 class ConfigError(ValueError):
     """An unknown key or a value of the wrong type in a configuration."""
@@ -360,8 +363,41 @@ class TrainConfig:
         if not self.dataset:
             raise ValueError("no dataset given (positional DATASET, data.dataset in --config, or "
                              "--set data.dataset=PATH)")
-        from ooc.data.path import validate_data_options
         validate_data_options(self)
+
+
+def validate_data_options(cfg: "TrainConfig") -> None:
+    """Check the data-path fields of a TrainConfig and every combination that cannot work.
+
+    Raises:
+        ValueError: naming the option and why.
+    """
+    from ooc.data.ordering import ORDERINGS
+    from ooc.features.cache import POLICIES
+    from ooc.sampling.samplers import check_sampler
+    from ooc.util.sizes import parse_bytes
+    if cfg.mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {cfg.mode!r}")
+    if cfg.ordering not in ORDERINGS:
+        raise ValueError(f"ordering must be one of {', '.join(ORDERINGS)}, got {cfg.ordering!r}")
+    if cfg.cache_policy not in (*POLICIES, "none"):
+        raise ValueError(f"cache policy must be one of {', '.join(POLICIES)} or none, got "
+                         f"{cfg.cache_policy!r}")
+    for opt in ("memory_budget", "cache_size", "device_cache"):
+        if getattr(cfg, opt):
+            parse_bytes(getattr(cfg, opt))
+    if cfg.topology not in ("memory", "mmap", "disk"):
+        raise ValueError(f"topology must be memory, mmap or disk, got {cfg.topology!r}")
+    if cfg.miss_features not in ("disk", "pq"):
+        raise ValueError(f"miss_features must be disk or pq, got {cfg.miss_features!r}")
+    if cfg.miss_features == "pq" and cfg.mode != "hybrid":
+        raise ValueError(f"--miss-features pq applies to --mode hybrid only (got --mode {cfg.mode}: "
+                         "exact reads exact rows, buffer has no misses)")
+    if cfg.task == "link" and cfg.topology == "disk":
+        raise ValueError("--task link with --topology disk: the edge split needs every edge and the "
+                         "message-passing graph of the training edges is built in memory; use "
+                         "--topology memory or mmap")
+    check_sampler(cfg.sampler, cfg.mode, cfg.topology, cfg.task)
 
 
 def load_yaml(path: str | Path) -> dict:

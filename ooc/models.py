@@ -8,7 +8,7 @@ Layers: :class:`GCNConv` (Kipf & Welling, ICLR'17), :class:`SAGEConv` (Hamilton 
 mean, max-pool and sum aggregators), :class:`GATConv` (Velickovic et al., ICLR'18; multi-head, edge
 softmax, attention dropout), :class:`GINConv` (Xu et al., ICLR'19; learnable epsilon).  :class:`GNN`
 stacks them with dropout, optional residual connections and normalisation, and exposes one layer at
-a time (:meth:`GNN.layer_forward`) for exact layer-wise inference (:mod:`ooc.training.inference`).
+a time (:meth:`GNN.layer_forward`) for exact layer-wise inference (:mod:`ooc.inference`).
 
 Determinism: every gather is ``index_select`` and every sum ``index_add_``; both are deterministic on
 CPU, forward and backward, so a run's losses and weights are bit-identical whatever the buffer size,
@@ -542,7 +542,7 @@ class GNN(nn.Module):
 
     def layer_forward(self, i: int, block: TorchBlock, h: Tensor) -> Tensor:
         """Layer ``i`` alone (dropout, conv, residual, norm, activation): ``h`` [num_src, dims[i]]
-        -> [num_dst, dims[i+1]].  :func:`ooc.training.inference.layerwise_inference` calls this for every
+        -> [num_dst, dims[i+1]].  :func:`ooc.inference.layerwise_inference` calls this for every
         node of the graph, layer by layer."""
         h_in = self.dropout(h)
         out = self.layers[i](block, h_in)

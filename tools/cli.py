@@ -421,7 +421,7 @@ def _cmd_train_distributed(args: argparse.Namespace, cfg: "TrainConfig", spec: o
 
 # ---------------------------------------------------------------- eval / predict
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from ooc.training.inference import eval_run
+    from ooc.training.runs import eval_run
     res = eval_run(args.run, dataset=args.dataset, weights=args.weights, workdir=args.workdir,
                    progress=not args.no_progress)
     for k in sorted(k for k in res if k.startswith(("val_", "test_"))):
@@ -432,7 +432,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from ooc.training.inference import predict_run
+    from ooc.training.runs import predict_run
     res = predict_run(args.run, args.out, what=args.what, dataset=args.dataset, weights=args.weights,
                       workdir=args.workdir, progress=not args.no_progress)
     for name, shape in res["arrays"].items():

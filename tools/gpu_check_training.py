@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from ooc.config import TrainConfig
-    from ooc.training.inference import eval_run
+    from ooc.training.runs import eval_run
     from ooc.kernels.generators import planted_partition
     from ooc.ingest.convert import write_graph_dataset
     from ooc.training.loop import train

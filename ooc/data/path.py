@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 import torch
@@ -40,18 +40,17 @@ from ooc.contracts import Batch, EdgePairs, Graph, Job, Plan, SingleProcess
 from ooc.data.budget import BudgetPlan, RssMonitor, plan_budget, release_free_memory
 from ooc.data.buffer import BufferManager, make_buffer
 from ooc.data.loader import BuildFn, Loader
-from ooc.data.ordering import ORDERINGS, node_swap_lower_bound
+from ooc.data.ordering import node_swap_lower_bound
 from ooc.data.plan import plan_bucket_states, plan_cluster_states, plan_exact, plan_own, plan_states
 from ooc.data.resident import ResidentGraph
 from ooc.data.shared import shared_array
-from ooc.features.cache import POLICIES, CachedFeature
+from ooc.features.cache import CachedFeature
 from ooc.features.tiers import MissRows
 from ooc.kernels.partition import contiguous_partitions
 from ooc.kernels.rng import batch_key
 from ooc.kernels.sampling import MiniBatch, excluded_edge_keys
 from ooc.models import to_torch_blocks
-from ooc.sampling.samplers import (NeighborSampler, Sampler, check_sampler, make_sampler,
-                                   partition_clusters)
+from ooc.sampling.samplers import NeighborSampler, Sampler, make_sampler, partition_clusters
 from ooc.storage.dataset import Dataset
 from ooc.storage.io import DiskRows, NeighborReader
 from ooc.util.sizes import format_bytes, parse_bytes
@@ -61,42 +60,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from ooc.features.device import DeviceFeatureCache
     from ooc.features.pq import CompressedRows
 
-__all__ = ["MODES", "DataPath", "build_data_path", "validate_data_options"]
+__all__ = ["DataPath", "build_data_path"]
 
 log = logging.getLogger("ooc.data")
-
-MODES = ("exact", "buffer", "hybrid")
-
-
-def validate_data_options(cfg: "TrainConfig") -> None:
-    """Check the data-path fields of a TrainConfig and every combination that cannot work.
-
-    Raises:
-        ValueError: naming the option and why.
-    """
-    if cfg.mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {cfg.mode!r}")
-    if cfg.ordering not in ORDERINGS:
-        raise ValueError(f"ordering must be one of {', '.join(ORDERINGS)}, got {cfg.ordering!r}")
-    if cfg.cache_policy not in (*POLICIES, "none"):
-        raise ValueError(f"cache policy must be one of {', '.join(POLICIES)} or none, got "
-                         f"{cfg.cache_policy!r}")
-    for opt in ("memory_budget", "cache_size", "device_cache"):
-        if getattr(cfg, opt):
-            parse_bytes(getattr(cfg, opt))
-    if cfg.topology not in ("memory", "mmap", "disk"):
-        raise ValueError(f"topology must be memory, mmap or disk, got {cfg.topology!r}")
-    if cfg.miss_features not in ("disk", "pq"):
-        raise ValueError(f"miss_features must be disk or pq, got {cfg.miss_features!r}")
-    if cfg.miss_features == "pq" and cfg.mode != "hybrid":
-        raise ValueError(f"--miss-features pq applies to --mode hybrid only (got --mode {cfg.mode}: "
-                         "exact reads exact rows, buffer has no misses)")
-    if cfg.task == "link" and cfg.topology == "disk":
-        raise ValueError("--task link with --topology disk: the edge split needs every edge and the "
-                         "message-passing graph of the training edges is built in memory; use "
-                         "--topology memory or mmap")
-    check_sampler(cfg.sampler, cfg.mode, cfg.topology, cfg.task)
-
 
 def _offsets(cfg: "TrainConfig", ds: Dataset) -> np.ndarray:
     """The dataset's stored ``partitions/offsets`` when their count equals ``cfg.partitions`` (or
@@ -535,7 +501,7 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
         ValueError: bad options, or a budget that cannot hold the mode's minimum.
         DatasetError: ``--miss-features pq`` without codes.
     """
-    validate_data_options(cfg)
+    cfg.validate()
     job = job or SingleProcess()
     rss = rss or RssMonitor()
     offsets = _offsets(cfg, ds)

@@ -28,7 +28,6 @@ Hit ratio = cached rows / all input rows gathered, reported per epoch (``device_
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 

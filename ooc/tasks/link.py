@@ -14,7 +14,7 @@
   plans, weighted losses, reduced sums.
 - Decoders (:class:`LinkDecoder`): dot product ``<h_u, h_v>`` and DistMult ``<h_u, r * h_v>`` with a
   learnable diagonal relation ``r`` (Yang et al., ICLR'15).
-- Evaluation: exact layer-wise inference (:mod:`ooc.training.inference`) gives every node's embedding on the
+- Evaluation: exact layer-wise inference (:mod:`ooc.inference`) gives every node's embedding on the
   training graph; each held-out edge ``(u, v)`` is ranked against ``eval_candidates`` random tails
   ``(u, w)`` (fixed by ``split_seed``; candidates that are true edges of any split are filtered out,
   the "filtered" setting of knowledge-graph evaluation).  ``rank = 1 + #{w: s(u,w) > s(u,v)}
@@ -279,7 +279,7 @@ class LinkTask:
     def evaluate(self, model: GNN, device: torch.device, out_dir: str | Path | None = None) -> dict:
         """Validation and test MRR / Hits@K from one layer-wise inference pass over all nodes (every
         rank runs the same pass; the scores are exact and equal on all ranks)."""
-        from ooc.training.inference import IN_MEMORY_LIMIT, layerwise_inference
+        from ooc.inference import IN_MEMORY_LIMIT, layerwise_inference
         L = model.num_layers
         if out_dir is None and self.ds.num_nodes * max(model.dims[1:]) * 4 > IN_MEMORY_LIMIT:
             out_dir = self.job.run_dir(self.cfg.output_dir) / "inference"

@@ -16,6 +16,7 @@ with no ids contributes zeros and still joins the all-reduce.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Iterator
 
 import numpy as np
@@ -31,7 +32,7 @@ from ooc.data.plan import shard_plan
 from ooc.models import GNN
 from ooc.storage.dataset import Dataset
 
-__all__ = ["NodeTask", "scores", "node_loss_sum", "evaluate_nodes"]
+__all__ = ["NodeTask", "scores", "node_loss_sum", "evaluate_nodes", "evaluate_node_layerwise"]
 
 log = logging.getLogger("ooc.tasks")
 
@@ -104,6 +105,36 @@ def _score(counts: np.ndarray, multilabel: bool) -> float:
     if multilabel:
         return float(2 * tp / max(2 * tp + err, 1))
     return float(correct / total) if total else 0.0
+
+
+def _node_scores(logits: np.ndarray, labels: np.ndarray, ids: np.ndarray, multilabel: bool) -> float:
+    if ids.shape[0] == 0:
+        return 0.0
+    if multilabel:
+        pred = logits > 0
+        truth = labels[ids] > 0
+        tp = int((pred & truth).sum())
+        err = int((pred ^ truth).sum())
+        return 2 * tp / max(2 * tp + err, 1)
+    return float((logits.argmax(1) == labels[ids]).mean())
+
+
+def evaluate_node_layerwise(model: GNN, task: "NodeTask", device: torch.device | str = "cpu",
+                            out_dir: "str | os.PathLike | None" = None) -> dict:
+    """Validation and test scores of a node task from one layer-wise pass over all nodes."""
+    from ooc.inference import layerwise_inference
+    outs = layerwise_inference(model, task.data, task.cfg.eval_batch_size, out_dir, device,
+                               keep=(model.num_layers - 1,))
+    logits = outs[model.num_layers - 1]
+    labels = task.ds.labels
+    res = {}
+    for k, ids in (("val_acc", task.val_ids), ("test_acc", task.test_ids)):
+        res[k] = _node_scores(logits.gather(ids), labels, ids, task.multilabel)
+    val_logits = torch.from_numpy(np.ascontiguousarray(logits.gather(task.val_ids)))
+    s, n = node_loss_sum(val_logits, torch.from_numpy(np.asarray(labels[task.val_ids])), task.multilabel)
+    res["val_loss"] = s / max(n, 1)
+    logits.close()
+    return res
 
 
 class NodeTask:
@@ -226,7 +257,7 @@ class NodeTask:
         """``val_acc``, ``val_loss`` and ``test_acc`` (micro-F1 under the same keys when
         multi-label), exact over all ranks (see the module docstring)."""
         if self.cfg.eval_mode == "layerwise":
-            from ooc.training.inference import IN_MEMORY_LIMIT, evaluate_node_layerwise
+            from ooc.inference import IN_MEMORY_LIMIT
             big = self.ds.num_nodes * max(model.dims[1:]) * 4 > IN_MEMORY_LIMIT
             return evaluate_node_layerwise(model, self, device,
                                            self.job.run_dir(self.cfg.output_dir) / "inference"

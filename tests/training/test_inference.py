@@ -12,7 +12,8 @@ import torch
 import zarr
 
 from ooc.config import TrainConfig
-from ooc.training.inference import layerwise_inference, predict_run
+from ooc.inference import layerwise_inference
+from ooc.training.runs import predict_run
 from ooc.models import MODELS
 from ooc.storage.dataset import Dataset, DatasetWriter
 from ooc.tools.cli import main
