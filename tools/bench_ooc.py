@@ -238,8 +238,8 @@ def run_bench_ooc(workdir: Path, nodes: int, feat_dim: int, parts: int, budget: 
     ``hybrid_mix``: ``--hybrid-mix`` of the hybrid run; ``lr_schedule``: every run's
     ``--lr-schedule`` (``cosine`` takes the step noise out of accuracy comparisons over several
     epochs); ``devices`` > 1: every mode also runs with ``--devices N`` on this machine (the same
-    budget for all ranks together, the per-rank batch divided by N so the global batch is the
-    same), its epoch time and machine memory beside the one-rank run.
+    budget for all ranks together, the per-rank training and evaluation batches divided by N so the
+    global batches are the same), its epoch time and machine memory beside the one-rank run.
     """
     from ooc.partition import partition_dataset
     from ooc.storage.dataset import Dataset
@@ -309,8 +309,9 @@ def run_bench_ooc(workdir: Path, nodes: int, feat_dim: int, parts: int, budget: 
                             + (["--hybrid-mix", mix or str(hybrid_mix)]
                                if train_mode == "hybrid" else []))
         if devices > 1:
-            per = common.copy()
+            per = common.copy()  # the same global batches: per-rank batch sizes divided by N
             per[per.index("--batch-size") + 1] = str(max(256 // devices, 1))
+            per[per.index("--eval-batch-size") + 1] = str(max(256 // devices, 1))
             runs[f"{name} x{devices} ranks"] = _train(
                 ds_path, workdir / f"run-{spec.replace(':', '-')}-x{devices}",
                 per + ["--mode", train_mode, "--memory-budget", str(budget), "--devices", str(devices)]
