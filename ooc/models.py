@@ -10,9 +10,10 @@ softmax, attention dropout), :class:`GINConv` (Xu et al., ICLR'19; learnable eps
 stacks them with dropout, optional residual connections and normalisation, and exposes one layer at
 a time (:meth:`GNN.layer_forward`) for exact layer-wise inference (:mod:`ooc.inference`).
 
-Determinism: every gather is ``index_select`` and every sum ``index_add_``; both are deterministic on
-CPU, forward and backward, so a run's losses and weights are bit-identical whatever the buffer size,
-prefetch depth or thread timing (and a resumed run matches an uninterrupted one).
+Determinism: aggregation is :mod:`ooc.sparse` (on CPU, Numba CSR kernels that sum every output row
+in edge order on one thread: the floats of ``index_select`` + ``index_add_``, whatever the thread
+count), so a run's losses and weights are bit-identical whatever the buffer size, prefetch depth or
+thread timing (and a resumed run matches an uninterrupted one).
 
 Sum-type aggregators (SAGE ``sum``, GIN, GCN) estimate the full-neighbourhood sum from a sample: the
 sum over the ``s_v`` sampled in-edges is scaled by ``d_v / s_v`` (``d_v`` the full-graph in-degree),
@@ -21,7 +22,7 @@ which is exact when all neighbours are sampled.  Mean, max and attention need no
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -29,6 +30,7 @@ from torch import Tensor, nn
 
 from ooc.kernels.dropout import dropout_backward, dropout_forward, keep_threshold
 from ooc.kernels.sampling import Block, SampledSubgraph
+from ooc.sparse import Adjacency, gather_dst, gather_src, segment_max, segment_sum, spmm
 
 __all__ = ["TorchBlock", "to_torch_blocks", "aggregate", "edge_softmax", "Dropout", "SAGEConv", "GCNConv",
            "GATConv", "GINConv", "GNN", "build_model", "MODELS"]
@@ -41,7 +43,8 @@ class _CounterDropout(torch.autograd.Function):
     def forward(ctx, x: Tensor, p: float) -> Tensor:  # type: ignore[override]
         xc = x.detach().contiguous()
         out = torch.empty_like(xc)
-        mask = torch.empty(xc.shape, dtype=torch.uint8)
+        # an input without gradient (the features) needs no mask
+        mask = torch.empty(xc.shape if ctx.needs_input_grad[0] else (0,), dtype=torch.uint8)
         scale = 1.0 / (1.0 - p)
         # one draw of torch's generator keys the mask: torch.manual_seed and checkpointed RNG
         # states fix it, as they fix torch's own dropout
@@ -91,6 +94,8 @@ class TorchBlock:
         edge_weight: optional float32 [E] importance weight of every edge (see
             :class:`ooc.kernels.sampling.Block`): ``sum_e w_e f(src)`` estimates the full
             neighbourhood sum.  ``None`` = ``deg_dst / sampled`` per destination (uniform sampling).
+        adjacency: the edges as CSR over destinations and sources (:class:`ooc.sparse.Adjacency`),
+            built on first use when not given.
     """
 
     num_src: int
@@ -101,6 +106,14 @@ class TorchBlock:
     deg_dst: Tensor
     sampled: Tensor
     edge_weight: Tensor | None = None
+    _adj: Adjacency | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def adjacency(self) -> Adjacency:
+        """The block's edges for :mod:`ooc.sparse` (built once)."""
+        if self._adj is None:
+            self._adj = Adjacency(self.src, self.dst, self.num_src, self.num_dst)
+        return self._adj
 
     @staticmethod
     def from_edges(num_src: int, num_dst: int, src: list[int] | Tensor, dst: list[int] | Tensor,
@@ -143,23 +156,20 @@ def _block_tensors(b: Block, deg_nodes: Tensor) -> TorchBlock:
     counts = np.diff(b.indptr)
     dst = np.repeat(np.arange(b.num_dst, dtype=np.int64), counts)
     w = getattr(b, "edge_weight", None)
-    return TorchBlock(b.num_src, b.num_dst, torch.from_numpy(b.indices.astype(np.int64, copy=False)),
-                      torch.from_numpy(dst), deg_nodes[: b.num_src], deg_nodes[: b.num_dst],
+    src = torch.from_numpy(b.indices.astype(np.int64, copy=False))
+    dst_t = torch.from_numpy(dst)
+    # the block's CSC is the CSR over destinations; the transpose is built in the backward pass
+    # (on the loader thread it would sit in every queued batch: 16 B per edge more)
+    adj = Adjacency(src, dst_t, b.num_src, b.num_dst, indptr=b.indptr)
+    return TorchBlock(b.num_src, b.num_dst, src, dst_t, deg_nodes[: b.num_src], deg_nodes[: b.num_dst],
                       torch.from_numpy(counts.astype(np.float32)),
-                      None if w is None else torch.from_numpy(np.asarray(w, dtype=np.float32)))
+                      None if w is None else torch.from_numpy(np.asarray(w, dtype=np.float32)), adj)
 
 
 def _aggregate_sum(block: TorchBlock, msg: Tensor) -> Tensor:
-    """Sum edge messages [E, *F] into destinations [num_dst, *F] (0 where a node has no edge).
-
-    Gathers use ``index_select`` and sums ``index_add_``: both are deterministic on CPU, forward and
-    backward (plain ``h[idx]`` back-propagates through a parallel atomic ``index_put_``), which keeps
-    runs bit-identical whatever the buffer size or thread timing.
-    """
-    out = msg.new_zeros((block.num_dst, *msg.shape[1:]))
-    if msg.shape[0]:
-        out.index_add_(0, block.dst, msg)
-    return out
+    """Sum edge messages [E, *F] into destinations [num_dst, *F] (0 where a node has no edge);
+    deterministic (:func:`ooc.sparse.segment_sum`)."""
+    return segment_sum(block.adjacency, msg)
 
 
 def _sum_scale(block: TorchBlock) -> Tensor:
@@ -186,7 +196,7 @@ def aggregate(block: TorchBlock, x: Tensor, reduce: str = "sum") -> Tensor:
         ValueError: unknown ``reduce``.
     """
     if reduce in ("sum", "mean"):
-        out = _aggregate_sum(block, x.index_select(0, block.src))
+        out = spmm(block.adjacency, x)
         if reduce == "mean":
             out = out / block.sampled.clamp(min=1).unsqueeze(1).to(out.dtype)
         return out
@@ -200,29 +210,29 @@ def aggregate(block: TorchBlock, x: Tensor, reduce: str = "sum") -> Tensor:
     raise ValueError(f"unknown reduce {reduce!r} (choose sum, mean or max)")
 
 
-def edge_softmax(dst: Tensor, scores: Tensor, num_dst: int) -> Tensor:
+def edge_softmax(dst: Tensor, scores: Tensor, num_dst: int, adj: Adjacency | None = None) -> Tensor:
     """Softmax of edge scores over the in-edges of each destination node.
 
     ``alpha[e] = exp(s[e]) / sum_{e' : dst[e'] = dst[e]} exp(s[e'])``, computed with the per-node
-    maximum subtracted (detached: the result does not depend on it) for stability.  Sums use
-    ``index_add_`` and gathers ``index_select``, so forward and backward are deterministic on CPU.
+    maximum subtracted (detached: the result does not depend on it) for stability.  Sums and gathers
+    are :mod:`ooc.sparse` operations, so forward and backward are deterministic on CPU.
 
     Args:
         dst: int64 [E] destination of every edge, in ``[0, num_dst)``.
         scores: float [E, H] one score per edge and head.
         num_dst: number of destination nodes.
+        adj: the edges (any sources; only their destinations are used); default built from ``dst``.
 
     Returns:
         float [E, H]; each destination's weights sum to 1 per head (no entries for nodes without edges).
     """
     if scores.shape[0] == 0:
         return scores
-    idx = dst.unsqueeze(1).expand_as(scores)
-    smax = scores.detach().new_full((num_dst, scores.shape[1]), float("-inf"))
-    smax = smax.scatter_reduce(0, idx, scores.detach(), reduce="amax", include_self=True)
+    if adj is None:
+        adj = Adjacency(dst, dst, num_dst, num_dst)
+    smax = segment_max(adj, scores)
     e = torch.exp(scores - smax.index_select(0, dst))
-    denom = e.new_zeros((num_dst, scores.shape[1])).index_add_(0, dst, e)
-    return e / denom.index_select(0, dst)
+    return e / gather_dst(adj, segment_sum(adj, e))
 
 
 class SAGEConv(nn.Module):
@@ -268,8 +278,7 @@ class SAGEConv(nn.Module):
         """Mean or (degree-scaled) sum of ``x`` [num_src, F] over the sampled in-edges -> [num_dst, F]."""
         if block.edge_weight is not None:
             # importance-weighted sum estimates the full neighbourhood sum; mean = sum / in-degree
-            w = block.edge_weight.unsqueeze(1).to(x.dtype)
-            agg = _aggregate_sum(block, x.index_select(0, block.src) * w)
+            agg = spmm(block.adjacency, x, block.edge_weight.to(x.dtype))
             if self.aggregator == "mean":
                 agg = agg / block.deg_dst.clamp(min=1).unsqueeze(1).to(x.dtype)
         elif self.aggregator == "sum":
@@ -307,7 +316,7 @@ class GCNConv(nn.Module):
 
     def forward(self, block: TorchBlock, x: Tensor) -> Tensor:
         h = self.lin(x)
-        msg = h.index_select(0, block.src)
+        w = None
         if self.normalize:
             loop = 1.0 if self.self_loops else 0.0
             d_src = (block.deg_src + loop).clamp(min=1)
@@ -317,8 +326,7 @@ class GCNConv(nn.Module):
             else:  # importance-sampled edges (LADIES, LABOR, GraphSAINT) carry their own weight
                 scale = block.edge_weight
             w = (d_src.index_select(0, block.src) * d_dst.index_select(0, block.dst)).rsqrt() * scale
-            msg = msg * w.unsqueeze(1).to(msg.dtype)
-        out = _aggregate_sum(block, msg)
+        out = spmm(block.adjacency, h, None if w is None else w.to(h.dtype))
         if self.self_loops:
             h_dst = h[: block.num_dst]
             if self.normalize:
@@ -401,15 +409,14 @@ class GATConv(nn.Module):
         a_src = (h * self.att_src).sum(-1)                     # [num_src, H]
         a_dst = (h[:n_dst] * self.att_dst).sum(-1)             # [num_dst, H]
         src, dst = block.src, block.dst
+        adj = block.adjacency
         if self.self_loops:
             loop = torch.arange(n_dst, dtype=src.dtype, device=src.device)
             src, dst = torch.cat([src, loop]), torch.cat([dst, loop])
-        e = self.leaky(a_src.index_select(0, src) + a_dst.index_select(0, dst))  # [E, H]
-        alpha = self.attn_dropout(edge_softmax(dst, e, n_dst))
-        msg = self.feat_dropout(h).index_select(0, src) * alpha.unsqueeze(-1)  # [E, H, F]
-        out = msg.new_zeros((n_dst, H, F))
-        if msg.shape[0]:
-            out.index_add_(0, dst, msg)
+            adj = Adjacency(src, dst, block.num_src, n_dst)
+        e = self.leaky(gather_src(adj, a_src) + gather_dst(adj, a_dst))  # [E, H]
+        alpha = self.attn_dropout(edge_softmax(dst, e, n_dst, adj))
+        out = spmm(adj, self.feat_dropout(h), alpha)  # sum_e alpha[e, k] W x_src(e), per head k
         out = out.reshape(n_dst, H * F) if self.concat else out.mean(1)
         if self.bias is not None:
             out = out + self.bias
