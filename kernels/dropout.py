@@ -12,11 +12,13 @@ Srivastava et al., JMLR'14 ("inverted" scaling by ``1 / (1 - p)`` at training ti
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, uint8, uint64
+from numba import float32, njit, prange, types, uint8, uint32, uint64
+from numba.extending import intrinsic
 
 from ooc.kernels.rng import mix_key
 
-__all__ = ["dropout_forward", "dropout_backward", "keep_threshold"]
+__all__ = ["dropout_forward", "dropout_forward_half", "dropout_backward", "half_to_float",
+           "keep_threshold"]
 
 
 def keep_threshold(p: float) -> int:
@@ -31,19 +33,35 @@ def keep_threshold(p: float) -> int:
     return int(round(p * 2.0 ** 32))
 
 
+@intrinsic
+def _f32_from_bits(typingctx, bits):  # type: ignore[no-untyped-def]
+    """Reinterpret uint32 bits as a float32 (an LLVM bitcast)."""
+    if bits != types.uint32:
+        return None
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.bitcast(args[0], context.get_value_type(types.float32))
+    return types.float32(types.uint32), codegen
+
+
 @njit(cache=True, nogil=True, inline="always")
-def _keep(x: np.ndarray, out: np.ndarray, mask: np.ndarray, i: np.uint64, bits: np.uint64,
-          t: np.uint64, scale: float, want: bool) -> np.int64:
-    k = bits >= t
-    out[i] = x[i] * scale if k else 0.0
-    if want:
-        mask[i] = uint8(1) if k else uint8(0)
-    return 1 if k else 0
+def half_to_float(h: np.uint16) -> np.float32:
+    """The float32 value of the IEEE float16 with bits ``h``, exactly (as ``np.float32(x)``):
+    normals and infinities by moving exponent and mantissa into float32 position, zeros and
+    subnormals as ``mantissa * 2^-24``; computed without branches, so loops over it vectorise."""
+    b = uint32(h)
+    mag = b & uint32(0x7FFF)
+    sign = (b & uint32(0x8000)) << uint32(16)
+    adj = uint32(0x38000000) if mag < uint32(0x7C00) else uint32(0x70000000)  # exponent bias, inf/NaN
+    normal = _f32_from_bits(uint32(((mag << uint32(13)) + adj) | sign))
+    sub = float32(mag) * float32(5.960464477539063e-08)
+    sub = -sub if sign else sub
+    return sub if mag < uint32(0x400) else normal
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def dropout_forward(x: np.ndarray, out: np.ndarray, mask: np.ndarray, threshold: np.int64,
-                    scale: float, key: np.uint64) -> np.int64:
+                    scale: float, key: np.uint64) -> None:
     """``out = x * scale`` where kept, 0 where dropped; ``mask`` 1 where kept.
 
     Args:
@@ -54,27 +72,61 @@ def dropout_forward(x: np.ndarray, out: np.ndarray, mask: np.ndarray, threshold:
         scale: ``1 / (1 - p)``.
         key: the draw's key (e.g. drawn from torch's generator, so ``torch.manual_seed`` fixes it).
 
-    Returns:
-        The number of kept elements.
-
-    Indices are unsigned: with signed ones inside a ``prange`` body Numba cannot prove them
-    non-negative and checks every access for negative wrap-around, which kept the loop from being
-    vectorised (7-10x slower); stores are selects, and the mask is written as explicit ``uint8``.
+    Element ``i`` is kept when its half of ``mix_key(key, i // 2)`` (low 32 bits for even ``i``)
+    reaches ``threshold``.  Indices are unsigned: with signed ones inside a ``prange`` body Numba
+    cannot prove them non-negative and checks every access for negative wrap-around, which kept the
+    loop from being vectorised (7-10x slower); stores are selects, the mask is written as explicit
+    ``uint8``, and nothing is counted (a reduction cost a quarter of the sweep).
     """
     n = x.shape[0]
-    full = n // 2
     t = uint64(threshold)
     want = mask.shape[0] > 0
-    kept = 0
-    for j in prange(full):
+    for j in prange(n // 2):
         r = mix_key(key, j)
         i = uint64(2) * uint64(j)
-        kept += _keep(x, out, mask, i, r & uint64(0xFFFFFFFF), t, scale, want) \
-            + _keep(x, out, mask, i + uint64(1), r >> uint64(32), t, scale, want)
-    if n % 2:  # the last element: the low half of pair `full`'s draw
-        r = mix_key(key, full)
-        kept += _keep(x, out, mask, uint64(n - 1), r & uint64(0xFFFFFFFF), t, scale, want)
-    return kept
+        for q in range(2):
+            ii = i + uint64(q)
+            k = (r & uint64(0xFFFFFFFF) if q == 0 else r >> uint64(32)) >= t
+            out[ii] = x[ii] * scale if k else 0.0
+            if want:
+                mask[ii] = uint8(1) if k else uint8(0)
+    if n % 2:  # the last element: the low half of its pair's draw
+        ii = uint64(n - 1)
+        k = (mix_key(key, n // 2) & uint64(0xFFFFFFFF)) >= t
+        out[ii] = x[ii] * scale if k else 0.0
+        if want:
+            mask[ii] = uint8(1) if k else uint8(0)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def dropout_forward_half(h: np.ndarray, out: np.ndarray, mask: np.ndarray, threshold: np.int64,
+                         scale: float, key: np.uint64) -> None:
+    """:func:`dropout_forward` of a float16 input, written as float32: ``out`` equals
+    ``dropout_forward(x.astype(float32), ...)`` for the same key, without the float32 copy.
+
+    Args:
+        h: uint16 [n], the bits of a float16 array (``x.view(np.uint16)``).
+        out: float32 [n], written; mask, threshold, scale, key: as :func:`dropout_forward`.
+    """
+    n = h.shape[0]
+    t = uint64(threshold)
+    want = mask.shape[0] > 0
+    for j in prange(n // 2):
+        r = mix_key(key, j)
+        i = uint64(2) * uint64(j)
+        for q in range(2):
+            ii = i + uint64(q)
+            k = (r & uint64(0xFFFFFFFF) if q == 0 else r >> uint64(32)) >= t
+            v = half_to_float(h[ii])  # unconditionally: the select stays branch-free
+            out[ii] = v * scale if k else 0.0
+            if want:
+                mask[ii] = uint8(1) if k else uint8(0)
+    if n % 2:  # the last element: the low half of its pair's draw
+        ii = uint64(n - 1)
+        k = (mix_key(key, n // 2) & uint64(0xFFFFFFFF)) >= t
+        out[ii] = half_to_float(h[ii]) * scale if k else 0.0
+        if want:
+            mask[ii] = uint8(1) if k else uint8(0)
 
 
 @njit(cache=True, nogil=True, parallel=True)

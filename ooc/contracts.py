@@ -166,17 +166,20 @@ class Batch:
     loss_weight: torch.Tensor | None = None
     pairs: EdgePairs | None = None
 
-    def inputs(self, device: torch.device) -> tuple[list["TorchBlock"], torch.Tensor]:
+    def inputs(self, device: torch.device, native: bool = False
+               ) -> tuple[list["TorchBlock"], torch.Tensor]:
         """The MFGs and float32 input rows on ``device``.  Rows travel in the storage dtype
         (float16 halves what waits in the prefetch queue and what crosses PCIe) and are converted
-        after the copy; with a device cache the cached rows are gathered on the device."""
+        after the copy; with a device cache the cached rows are gathered on the device.  With
+        ``native`` on CPU the rows stay as stored (float16): for a model that converts them itself
+        (:func:`ooc.models.takes_half`), fused with its input dropout."""
         nb = device.type == "cuda"
         blocks = self.blocks if device.type == "cpu" else [b.to(device, non_blocking=nb)
                                                             for b in self.blocks]
         if self.x_cache is not None:
             return blocks, self.x_cache.assemble(self.x, device)
         if device.type == "cpu":
-            return blocks, self.x.float()
+            return blocks, self.x if native and self.x.dtype == torch.float16 else self.x.float()
         return blocks, self.x.to(device, non_blocking=nb).float()
 
 

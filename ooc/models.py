@@ -28,12 +28,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ooc.kernels.dropout import dropout_backward, dropout_forward, keep_threshold
+from ooc.kernels.dropout import dropout_backward, dropout_forward, dropout_forward_half, keep_threshold
 from ooc.kernels.sampling import Block, SampledSubgraph
 from ooc.sparse import Adjacency, gather_dst, gather_src, segment_max, segment_sum, spmm
 
 __all__ = ["TorchBlock", "to_torch_blocks", "aggregate", "edge_softmax", "Dropout", "SAGEConv", "GCNConv",
-           "GATConv", "GINConv", "GNN", "build_model", "MODELS"]
+           "GATConv", "GINConv", "GNN", "build_model", "takes_half", "MODELS"]
 
 
 class _CounterDropout(torch.autograd.Function):
@@ -42,17 +42,24 @@ class _CounterDropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, p: float) -> Tensor:  # type: ignore[override]
         xc = x.detach().contiguous()
-        out = torch.empty_like(xc)
+        half = xc.dtype == torch.float16  # float16 rows come out float32, converted in the sweep
+        out = torch.empty(xc.shape, dtype=torch.float32 if half else xc.dtype)
         # an input without gradient (the features) needs no mask
         mask = torch.empty(xc.shape if ctx.needs_input_grad[0] else (0,), dtype=torch.uint8)
         scale = 1.0 / (1.0 - p)
         # one draw of torch's generator keys the mask: torch.manual_seed and checkpointed RNG
         # states fix it, as they fix torch's own dropout
         key = np.uint64(int(torch.randint(0, 2 ** 62, (1,)).item()))
-        dropout_forward(xc.view(-1).numpy(), out.view(-1).numpy(), mask.view(-1).numpy(),
-                        keep_threshold(p), scale, key)
+        if half:
+            dropout_forward_half(xc.view(-1).view(torch.int16).numpy().view(np.uint16),
+                                 out.view(-1).numpy(), mask.view(-1).numpy(), keep_threshold(p),
+                                 scale, key)
+        else:
+            dropout_forward(xc.view(-1).numpy(), out.view(-1).numpy(), mask.view(-1).numpy(),
+                            keep_threshold(p), scale, key)
         ctx.save_for_backward(mask)
         ctx.scale = scale
+        ctx.in_dtype = xc.dtype
         return out
 
     @staticmethod
@@ -61,7 +68,7 @@ class _CounterDropout(torch.autograd.Function):
         g = grad.contiguous()
         out = torch.empty_like(g)
         dropout_backward(g.view(-1).numpy(), mask.view(-1).numpy(), out.view(-1).numpy(), ctx.scale)
-        return out, None
+        return out.to(ctx.in_dtype), None
 
 
 class Dropout(nn.Dropout):
@@ -71,8 +78,18 @@ class Dropout(nn.Dropout):
     ``x: [*] -> [*]``); on CPU float32/float64 tensors of at least 4,096 elements the mask is drawn by
     :func:`ooc.kernels.dropout.dropout_forward` (all cores, one sweep) instead of ``bernoulli_`` (one
     generator call per element: about half of the trainer's time on a 700,000 x 128 input, see
-    docs/benchmarks.md).  Other devices and dtypes use PyTorch's dropout.
+    docs/benchmarks.md).  Other devices and dtypes use PyTorch's dropout.  :meth:`forward_float`
+    is ``forward(x.float())`` with the conversion of float16 rows fused into the same sweep.
     """
+
+    def forward_float(self, x: Tensor) -> Tensor:
+        """``forward(x.float())``, the same output and mask: on CPU a float16 ``x`` of at least
+        4,096 elements is read once and written once (float32) by
+        :func:`ooc.kernels.dropout.dropout_forward_half` instead of converted, then dropped."""
+        if (x.dtype == torch.float16 and self.training and self.p > 0.0 and x.device.type == "cpu"
+                and not self.inplace and x.numel() >= 4096):
+            return _CounterDropout.apply(x, float(self.p))
+        return self.forward(x.float())
 
     def forward(self, x: Tensor) -> Tensor:
         if (not self.training or self.p == 0.0 or x.device.type != "cpu" or self.inplace
@@ -464,6 +481,12 @@ class GINConv(nn.Module):
 MODELS = ("sage", "gcn", "gat", "gin")
 
 
+def takes_half(model: nn.Module) -> bool:
+    """Whether ``model`` (or the module a DDP wrapper trains) accepts float16 input rows as stored
+    (a :class:`GNN` converts them with its first dropout): tasks then pass the rows unconverted."""
+    return bool(getattr(getattr(model, "module", model), "takes_half", False))
+
+
 class GNN(nn.Module):
     """A stack of message-passing layers: per layer ``dropout -> conv [+ residual] -> norm -> act``
     (no norm or activation after the last layer).
@@ -486,11 +509,14 @@ class GNN(nn.Module):
             ``hidden`` wide (``Linear(dims[i], hidden) -> ReLU -> Linear(hidden, dims[i+1])``).
 
     Shapes:
-        forward(blocks, x): ``x`` [blocks[0].num_src, in_dim] -> [blocks[-1].num_dst, out_dim].
+        forward(blocks, x): ``x`` [blocks[0].num_src, in_dim] -> [blocks[-1].num_dst, out_dim];
+        ``x`` float32, or float16 rows as stored (converted in the first layer: :attr:`takes_half`).
 
     Raises:
         ValueError: unknown model, aggregator or norm; ``hidden`` not divisible by ``heads``.
     """
+
+    takes_half = True  # forward() converts float16 rows itself (see takes_half())
 
     def __init__(self, model: str, in_dim: int, hidden: int, out_dim: int, num_layers: int,
                  dropout: float = 0.5, aggregator: str = "mean", heads: int = 1, out_heads: int = 1,
@@ -549,9 +575,10 @@ class GNN(nn.Module):
 
     def layer_forward(self, i: int, block: TorchBlock, h: Tensor) -> Tensor:
         """Layer ``i`` alone (dropout, conv, residual, norm, activation): ``h`` [num_src, dims[i]]
-        -> [num_dst, dims[i+1]].  :func:`ooc.inference.layerwise_inference` calls this for every
-        node of the graph, layer by layer."""
-        h_in = self.dropout(h)
+        -> [num_dst, dims[i+1]] (float16 ``h`` is converted to float32 with the dropout, see
+        :meth:`Dropout.forward_float`).  :func:`ooc.inference.layerwise_inference` calls this for
+        every node of the graph, layer by layer."""
+        h_in = self.dropout.forward_float(h) if h.dtype == torch.float16 else self.dropout(h)
         out = self.layers[i](block, h_in)
         if self.residual:
             out = out + self.residuals[i](h_in[: block.num_dst])

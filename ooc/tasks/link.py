@@ -38,7 +38,7 @@ from ooc.data.budget import RssMonitor
 from ooc.data.path import build_data_path
 from ooc.data.plan import shard_plan
 from ooc.kernels.graph import build_csc
-from ooc.models import GNN
+from ooc.models import GNN, takes_half
 from ooc.storage.dataset import Dataset
 
 __all__ = ["LinkSplit", "undirected_pairs", "link_split", "training_graph", "LinkDecoder",
@@ -227,7 +227,7 @@ class LinkTask:
         return self.data.iterate(plan, epoch, start, self._build)
 
     def loss(self, model: nn.Module, batch: Batch, device: torch.device) -> tuple[Tensor, dict]:
-        blocks, x = batch.inputs(device)
+        blocks, x = batch.inputs(device, native=takes_half(model))
         h = model(blocks, x).float()
         dec = self.decoder
         pr = batch.pairs

@@ -29,7 +29,7 @@ from ooc.data.budget import RssMonitor
 from ooc.data.loader import prefetched
 from ooc.data.path import DataPath, build_data_path
 from ooc.data.plan import shard_plan
-from ooc.models import GNN
+from ooc.models import GNN, takes_half
 from ooc.storage.dataset import Dataset
 
 __all__ = ["NodeTask", "scores", "node_loss_sum", "evaluate_nodes", "evaluate_node_layerwise"]
@@ -91,8 +91,9 @@ def evaluate_nodes(model: nn.Module, data: DataPath, ids: np.ndarray, num_layers
     starts = list(range(0, ids.shape[0], batch_size))
     it = prefetched(lambda j: data.eval_batch(starts[j], ids[starts[j]:starts[j] + batch_size], sampler),
                     0, len(starts), prefetch, lambda s: None)
+    half = takes_half(model)
     for b in it:
-        blocks, x = b.inputs(device)
+        blocks, x = b.inputs(device, native=half)
         logits = model(blocks, x).float().cpu()
         c, t, p, e = scores(logits, b.y, multilabel)
         s, n = node_loss_sum(logits, b.y, multilabel)
@@ -212,7 +213,7 @@ class NodeTask:
         return self.data.iterate(plan, epoch, start)
 
     def loss(self, model: nn.Module, batch: Batch, device: torch.device) -> tuple[torch.Tensor, dict]:
-        blocks, x = batch.inputs(device)
+        blocks, x = batch.inputs(device, native=takes_half(model))
         logits = model(blocks, x).float()
         y = batch.y.to(device)
         if self.multilabel:
