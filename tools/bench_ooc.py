@@ -139,12 +139,15 @@ def partition_load_bandwidth(ds_path: Path, direct: bool = True, threads: int = 
             "threads": threads}
 
 
-def _train(ds: Path, out: Path, args: list[str]) -> dict:
+def _train(ds: Path, out: Path, args: list[str], python: str = sys.executable,
+           cwd: Path | None = None) -> dict:
+    """``ooc train DS --output-dir OUT ARGS`` in a fresh ``python`` process (from ``cwd``: the
+    checkout whose ``ooc`` it imports), page cache dropped first; its metrics.json."""
     drop_caches()
-    cmd = [sys.executable, "-m", "ooc.tools.cli", "train", str(ds), "--output-dir", str(out),
+    cmd = [python, "-m", "ooc.tools.cli", "train", str(ds), "--output-dir", str(out),
            "--no-progress", *args]
     t = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
     if r.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
     m = json.loads((out / "metrics.json").read_text())

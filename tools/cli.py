@@ -650,6 +650,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_sample_parser(bsub)
     from ooc.tools.bench_scale import add_bench_scale
     add_bench_scale(bsub)
+    from ooc.tools.bench_peer import add_bench_peer
+    add_bench_peer(bsub)
 
     info = sub.add_parser("info", help="print counts, dtypes, sizes on disk, partitions")
     info.add_argument("dataset")
