@@ -112,8 +112,11 @@ class TrainConfig:
                               "or pq (decoded from the product-quantisation codes of `ooc compress`, "
                               "kept in memory within the budget; seeds, inner hops and evaluation "
                               "stay exact)", choices=("disk", "pq"))
-    cache_policy: str = _opt("sieve", "data", "CPU feature cache policy for rows outside the buffer",
-                             choices=("sieve", "clock", "lru", "none"))
+    cache_policy: str = _opt("sieve", "data", "CPU feature cache policy for rows outside the buffer; "
+                             "belady (exact mode): Belady's MIN over batches sampled --lookahead "
+                             "ahead", choices=("sieve", "clock", "lru", "belady", "none"))
+    lookahead: int = _opt(32, "data", "--cache-policy belady: training batches sampled ahead, whose "
+                          "rows' next uses the cache evicts by")
     cache_size: str = _opt("", "data", "feature cache size without a budget, e.g. 256MB")
     direct_io: bool = _opt(False, "data", "read features with O_DIRECT (bypass the page cache)")
     io_depth: int = _opt(32, "data", "disk requests in flight for a batch's missing rows (Linux "
@@ -373,16 +376,22 @@ def validate_data_options(cfg: "TrainConfig") -> None:
         ValueError: naming the option and why.
     """
     from ooc.data.ordering import ORDERINGS
-    from ooc.features.cache import POLICIES
+    from ooc.features.cache import LOOKAHEAD_POLICIES, POLICIES
     from ooc.sampling.samplers import check_sampler
     from ooc.util.sizes import parse_bytes
     if cfg.mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {cfg.mode!r}")
     if cfg.ordering not in ORDERINGS:
         raise ValueError(f"ordering must be one of {', '.join(ORDERINGS)}, got {cfg.ordering!r}")
-    if cfg.cache_policy not in (*POLICIES, "none"):
-        raise ValueError(f"cache policy must be one of {', '.join(POLICIES)} or none, got "
-                         f"{cfg.cache_policy!r}")
+    if cfg.cache_policy not in (*POLICIES, *LOOKAHEAD_POLICIES, "none"):
+        raise ValueError(f"cache policy must be one of {', '.join(POLICIES + LOOKAHEAD_POLICIES)} or "
+                         f"none, got {cfg.cache_policy!r}")
+    if cfg.cache_policy in LOOKAHEAD_POLICIES and cfg.mode != "exact":
+        raise ValueError(f"--cache-policy {cfg.cache_policy} needs --mode exact: it evicts by the "
+                         "rows the next batches ask for, known only when the partition buffer is "
+                         f"static (in {cfg.mode} mode the misses depend on the residency)")
+    if cfg.lookahead < 2:
+        raise ValueError(f"--lookahead must be >= 2 batches, got {cfg.lookahead}")
     for opt in ("memory_budget", "cache_size", "device_cache"):
         if getattr(cfg, opt):
             parse_bytes(getattr(cfg, opt))

@@ -14,7 +14,7 @@ import numpy as np
 import psutil
 
 from ooc.data.buffer import BufferManager
-from ooc.features.cache import CachedFeature
+from ooc.features.cache import LOOKAHEAD_POLICIES, CachedFeature
 from ooc.kernels.sampling import workspace_bytes
 from ooc.storage.dataset import Dataset
 from ooc.util.sizes import format_bytes
@@ -230,7 +230,7 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                 eval_fanouts: list[int] | None = None, compressed: int = 0, *,
                 local_world: int = 1, share: bool = True, per_rank_extra: int = 0,
                 topology_edges: int | None = None, min_state: int = 1,
-                float_copy: bool | None = None) -> BudgetPlan:
+                float_copy: bool | None = None, lookahead: int = 0) -> BudgetPlan:
     """Split one machine's ``budget`` between topology, node arrays, batches in flight, sampler
     scratch, compressed rows (``compressed`` bytes of PQ codes, see :mod:`ooc.features.pq`),
     partition slots and the CPU row cache.
@@ -248,6 +248,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
         min_state: partitions a buffer state must hold (2 for link prediction's edge buckets).
         float_copy: the training step converts rows to float32 (storage not float32); default from
             the dataset's feature dtype.
+        lookahead: batches a look-ahead cache keeps sampled ahead (``--cache-policy belady``),
+            charged per rank (:func:`ooc.data.lookahead.lookahead_bytes`); 0 = none.
 
     Raises:
         ValueError: the budget cannot hold the fixed parts plus the minimum the mode needs (one
@@ -275,6 +277,10 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
     # miss reads' request staging (at most (io_depth + 8) x MISS_RUN_BYTES, 5 MiB by default) is
     # a fixed cost, part of the stated runtime overhead
     scratch = 2 * workspace_bytes(n)
+    if lookahead and cache_policy in LOOKAHEAD_POLICIES:
+        from ooc.data.lookahead import lookahead_bytes
+        rows, edges = _batch_extent(n, e / max(n, 1), batch_size, fanouts)
+        scratch += lookahead_bytes(lookahead, rows, edges, n)
     slot = BufferManager.slot_bytes(int(sizes.max()), row_bytes)
     slot_private = 0
     if mode == "buffer":  # in-edges of the partition (raw) travel with it; its local CSC per rank

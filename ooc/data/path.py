@@ -40,6 +40,7 @@ from ooc.contracts import Batch, EdgePairs, Graph, Job, Plan, SingleProcess
 from ooc.data.budget import BudgetPlan, RssMonitor, plan_budget, release_free_memory
 from ooc.data.buffer import BufferManager, make_buffer
 from ooc.data.loader import BuildFn, Loader
+from ooc.data.lookahead import Lookahead
 from ooc.data.ordering import node_swap_lower_bound
 from ooc.data.plan import plan_bucket_states, plan_cluster_states, plan_exact, plan_own, plan_states
 from ooc.data.resident import ResidentGraph
@@ -112,6 +113,9 @@ class DataPath:
         if self.resident is not None:
             self.loader.on_state = self.resident.build
         self.shared_bytes = 0  # shared-memory segments of this machine (set by build_data_path)
+        self.lookahead: Lookahead | None = None
+        if self.cache is not None and self.cache.lookahead:  # --cache-policy belady (exact mode)
+            self.lookahead = Lookahead(self._sample_step, self.cache, cfg.lookahead, graph.num_nodes)
         self._plans: dict[tuple, Plan] = {}
         self._last_plan: Plan | None = None
         self.totals = {"bytes_read": 0, "row_hits": 0, "row_misses": 0}
@@ -183,6 +187,10 @@ class DataPath:
         return self.cfg.batch_size * per
 
     # ---------------------------------------------------------------- batches
+    def _sample_step(self, plan: Plan, step: int, epoch: int) -> MiniBatch:
+        """The training sample of ``plan`` step ``step`` (the look-ahead's, ahead of its use)."""
+        return self.sampler.sample(plan.batches[step], batch_key(self.cfg.seed, epoch, plan.key(step)))
+
     def iterate(self, plan: Plan, epoch: int, start: int = 0, build: BuildFn | None = None
                 ) -> Iterator[Batch]:
         """Steps ``start..`` of ``plan`` (node batches unless ``build`` is given)."""
@@ -212,9 +220,10 @@ class DataPath:
         return self._tensor(rows)
 
     def _inputs(self, mb: MiniBatch, to_global: np.ndarray | None, slot_local: np.ndarray | None,
-                approx_from: int | None) -> tuple[torch.Tensor, Any]:
+                approx_from: int | None, next_use: np.ndarray | None = None
+                ) -> tuple[torch.Tensor, Any]:
         """The input rows of ``mb``: device cache hits, the rest through the host tiers (slot-local
-        rows in buffer mode)."""
+        rows in buffer mode); ``next_use``: when each row is asked for next (look-ahead cache)."""
         nodes = mb.input_nodes if to_global is None else to_global
         split = None
         pos = None
@@ -227,14 +236,16 @@ class DataPath:
             af = approx_from
             if af is not None and pos is not None:
                 af = int(np.searchsorted(pos, af))
-            rows = self.buffer.gather(ids, af)[0]
+            nu = next_use if next_use is None or pos is None else next_use[pos]
+            rows = self.buffer.gather(ids, af, nu)[0]
         x = self._tensor(rows, native=True)
         if split is not None and self.device_cache is not None and self.device_cache.pin and x.numel():
             x = x.pin_memory()  # the trainer copies it with non_blocking=True
         return x, split
 
     def sample(self, seeds: np.ndarray, key: int | np.uint64, state: int,
-               exclude: tuple[np.ndarray, np.ndarray] | None = None, approx: bool = False
+               exclude: tuple[np.ndarray, np.ndarray] | None = None, approx: bool = False,
+               ahead: tuple[MiniBatch, np.ndarray] | None = None
                ) -> tuple[MiniBatch, np.ndarray, list, torch.Tensor, Any, float]:
         """Sample around global ``seeds`` and gather the input rows.
 
@@ -243,6 +254,8 @@ class DataPath:
             key: the batch's random stream key; state: its buffer state (-1: none).
             exclude: ``(src, dst)`` global edges the sampler must not draw.
             approx: outer-hop misses may be decoded from PQ codes (hybrid training batches).
+            ahead: the batch's sample made ahead by the look-ahead, with its rows' next uses
+                (exact mode, ``--cache-policy belady``): not sampled again.
 
         Returns:
             ``(sample, global output ids, blocks, x, device-cache split, sampling seconds)``.
@@ -265,12 +278,12 @@ class DataPath:
             out = rg.local_to_global[mb.seeds]
         else:
             ex = None if exclude is None else excluded_edge_keys(exclude[0], exclude[1])
-            mb = self.sampler.sample(seeds, key, exclude=ex)
+            mb, uses = ahead if ahead is not None else (self.sampler.sample(seeds, key, exclude=ex), None)
             blocks = to_torch_blocks(mb, self.graph.degrees)
             t1 = time.perf_counter()
             af = mb.blocks[0].num_dst if (approx and self.pq is not None and state >= 0
                                           and mb.blocks) else None
-            x, split = self._inputs(mb, None, None, af)
+            x, split = self._inputs(mb, None, None, af, uses)
             out = mb.seeds
         return mb, out, blocks, x, split, t1 - t0
 
@@ -279,7 +292,10 @@ class DataPath:
         """One node-classification training batch (its state resident)."""
         t0 = time.perf_counter()
         key = batch_key(self.cfg.seed, epoch, index if key_index is None else key_index)
-        mb, out, blocks, x, split, ts = self.sample(seeds, key, state, approx=True)
+        ahead = None
+        if self.lookahead is not None and self._last_plan is not None:
+            ahead = self.lookahead.take(self._last_plan, epoch, index)
+        mb, out, blocks, x, split, ts = self.sample(seeds, key, state, approx=True, ahead=ahead)
         y = torch.from_numpy(np.asarray(self.labels[out]).astype(np.int64))
         lw = None if mb.node_weight is None else torch.from_numpy(mb.node_weight.astype(np.float32))
         return Batch(index, out, blocks, x, y, mb.num_sampled_edges, ts, time.perf_counter() - t0 - ts,
@@ -522,6 +538,7 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
     args = (cfg.mode, budget_bytes, ds, offsets, cfg.topology, cfg.batch_size, cfg.fanouts,
             cfg.prefetch, cfg.hidden, cfg.buffer_partitions, cache_size, cfg.cache_policy,
             cfg.ordering, cfg.eval_batch_size, cfg.eval_fanouts)
+    kw["lookahead"] = cfg.lookahead
     plan = plan_budget(*args, compressed=pq_need, **kw)
     approx: "CompressedRows | None" = None
     if pq_need and plan.slots >= plan.num_parts:  # everything resident: nothing to decode

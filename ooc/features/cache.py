@@ -15,6 +15,14 @@ Policies (``policy=``):
 - ``clock`` -- CLOCK (Corbató 1968): a ring of reference bits and a
   hand giving second chances.
 - ``lru`` -- least recently used: a doubly linked list, a hit moves the entry to the front.
+- ``belady`` -- Belady's MIN (Belady, IBM Systems Journal 1966) over a look-ahead window, for a
+  caller that knows which rows it will ask for next (exact mode's epoch plan, sampled ahead by
+  :class:`ooc.data.lookahead.Lookahead`, as Ginex, VLDB'22): every gather passes each row's next use
+  (a batch number; :data:`NEVER` = not within the window), a miss is admitted only when it is used
+  again and sooner than the entry that would be evicted, and the victim is the entry used furthest
+  in the future (a max-heap on the next use).  :meth:`CachedFeature.announce` lowers the next use of
+  cached rows that a batch entering the window asks for.  Rows asked without next uses (evaluation)
+  are served from the cache but not admitted.
 
 Hit ratio = hits / (hits + misses) over the rows asked of the cache.
 """
@@ -24,10 +32,15 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, uint64
 
-__all__ = ["POLICIES", "CachedFeature", "cpu_cached_feature", "CacheStats"]
+__all__ = ["POLICIES", "LOOKAHEAD_POLICIES", "NEVER", "CachedFeature", "cpu_cached_feature",
+           "CacheStats"]
 
 POLICIES = ("sieve", "clock", "lru")
-_POLICY_ID = {"lru": 0, "clock": 1, "sieve": 2}
+#: policies that need every row's next use (``gather(ids, next_use)``)
+LOOKAHEAD_POLICIES = ("belady",)
+_POLICY_ID = {"lru": 0, "clock": 1, "sieve": 2, "belady": 3}
+#: next use of a row not asked for within the look-ahead window
+NEVER = np.int64(2**62)
 # meta slots
 _COUNT, _HEAD, _TAIL, _HAND, _EVICT = 0, 1, 2, 3, 4
 
@@ -185,6 +198,108 @@ def _admit(policy: int, ids: np.ndarray, rows: np.ndarray, hkeys: np.ndarray, hv
     return ins
 
 
+@njit(cache=True, nogil=True)
+def _heap_fix(heap: np.ndarray, hpos: np.ndarray, key: np.ndarray, i: int, n: int) -> None:
+    """Restore the max-heap ``heap[:n]`` (slots ordered by ``key[slot]``) after entry ``i``'s key
+    changed: sift it up, then down; ``hpos[slot]`` is the slot's heap index."""
+    s = heap[i]
+    k = key[s]
+    while i > 0:
+        p = (i - 1) >> 1
+        if key[heap[p]] >= k:
+            break
+        heap[i] = heap[p]
+        hpos[heap[i]] = i
+        i = p
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and key[heap[c + 1]] > key[heap[c]]:
+            c += 1
+        if key[heap[c]] <= k:
+            break
+        heap[i] = heap[c]
+        hpos[heap[i]] = i
+        i = c
+    heap[i] = s
+    hpos[s] = i
+
+
+@njit(cache=True, nogil=True)
+def _lookup_next(ids: np.ndarray, nxt_use: np.ndarray, hkeys: np.ndarray, hvals: np.ndarray,
+                 data: np.ndarray, nxt: np.ndarray, heap: np.ndarray, hpos: np.ndarray,
+                 meta: np.ndarray, out: np.ndarray, found: np.ndarray) -> int:
+    """Belady lookup: copy cached rows, set their next use to ``nxt_use[i]`` (empty: keep it)."""
+    mask = hkeys.shape[0] - 1
+    hits = 0
+    have = nxt_use.shape[0] > 0
+    for i in range(ids.shape[0]):
+        e = _find(hkeys, mask, ids[i])
+        if e < 0:
+            found[i] = False
+            continue
+        s = hvals[e]
+        out[i, :] = data[s, :]
+        found[i] = True
+        hits += 1
+        if have:
+            nxt[s] = nxt_use[i]
+            _heap_fix(heap, hpos, nxt, hpos[s], meta[_COUNT])
+    return hits
+
+
+@njit(cache=True, nogil=True)
+def _admit_next(ids: np.ndarray, nxt_use: np.ndarray, rows: np.ndarray, hkeys: np.ndarray,
+                hvals: np.ndarray, data: np.ndarray, slot_key: np.ndarray, nxt: np.ndarray,
+                heap: np.ndarray, hpos: np.ndarray, meta: np.ndarray) -> int:
+    """Belady admission: a row used again within the window enters a free slot, or replaces the
+    entry used furthest ahead when that is later than its own next use; returns #inserted."""
+    mask = hkeys.shape[0] - 1
+    k = slot_key.shape[0]
+    ins = 0
+    for i in range(ids.shape[0]):
+        t = nxt_use[i]
+        if t >= NEVER:
+            continue
+        key = ids[i]
+        if _find(hkeys, mask, key) >= 0:
+            continue
+        n = meta[_COUNT]
+        if n < k:
+            s = n
+            meta[_COUNT] += 1
+            heap[n] = s
+            hpos[s] = n
+        else:
+            s = heap[0]
+            if nxt[s] <= t:
+                continue  # everything cached is needed sooner
+            _hdelete(hkeys, hvals, mask, _find(hkeys, mask, slot_key[s]))
+            meta[_EVICT] += 1
+        data[s, :] = rows[i, :]
+        slot_key[s] = key
+        nxt[s] = t
+        _heap_fix(heap, hpos, nxt, hpos[s], meta[_COUNT])
+        _hinsert(hkeys, hvals, mask, key, s)
+        ins += 1
+    return ins
+
+
+@njit(cache=True, nogil=True)
+def _announce(ids: np.ndarray, t: int, hkeys: np.ndarray, hvals: np.ndarray, nxt: np.ndarray,
+              heap: np.ndarray, hpos: np.ndarray, meta: np.ndarray) -> None:
+    """Cached rows among ``ids`` are next used at ``t`` unless known to be used sooner."""
+    mask = hkeys.shape[0] - 1
+    for i in range(ids.shape[0]):
+        e = _find(hkeys, mask, ids[i])
+        if e >= 0:
+            s = hvals[e]
+            if nxt[s] > t:
+                nxt[s] = t
+                _heap_fix(heap, hpos, nxt, hpos[s], meta[_COUNT])
+
+
 class CacheStats:
     """Counters of one epoch: ``hits``, ``misses`` (rows), ``bytes_read`` by the fallback."""
 
@@ -209,7 +324,7 @@ class CachedFeature:
     Args:
         fallback: object with ``shape``, ``dtype`` and ``gather(ids) -> (rows, bytes_read)``.
         capacity: rows held (0 disables the cache: every row goes to the fallback).
-        policy: ``sieve`` | ``clock`` | ``lru``.
+        policy: ``sieve`` | ``clock`` | ``lru`` | ``belady`` (callers pass next uses).
 
     Raises:
         ValueError: unknown policy or negative capacity.
@@ -251,18 +366,41 @@ class CachedFeature:
         self._meta = np.array([0, -1, -1, -1, 0, 0, 0, 0], dtype=np.int64)
         if policy == "clock":
             self._meta[_HAND] = 0
+        # belady: next use of every slot and a max-heap of the slots on it
+        nb = k if policy == "belady" else 0
+        self._next = np.full(nb, NEVER, dtype=np.int64)
+        self._heap = np.zeros(nb, dtype=np.int64)
+        self._hpos = np.zeros(nb, dtype=np.int64)
         self.stats = CacheStats()
 
     @staticmethod
     def bytes_per_row(row_bytes: int) -> int:
-        """Memory per cached row: the row, hash table (2 x 2 x 8 B), slot key, links, bit."""
+        """Memory per cached row: the row, hash table (2 x 2 x 8 B), slot key, links (or, for
+        ``belady``, next use and heap position), bit."""
         return row_bytes + 32 + 8 + 16 + 1
 
     @property
     def nbytes(self) -> int:
         """Host memory held by the cache (rows and metadata)."""
         return int(sum(a.nbytes for a in (self._hkeys, self._hvals, self._data, self._slot_key,
-                                          self._newer, self._older, self._bit)))
+                                          self._newer, self._older, self._bit, self._next,
+                                          self._heap, self._hpos)))
+
+    @property
+    def lookahead(self) -> bool:
+        """Whether gathers should pass next uses (``belady``)."""
+        return self.policy in LOOKAHEAD_POLICIES
+
+    def announce(self, ids: np.ndarray, t: int) -> None:
+        """``belady``: the rows ``ids`` are asked for at time ``t`` (a batch entering the look-ahead
+        window); cached ones get next use ``t`` unless already known to be used sooner."""
+        if self.lookahead and self.capacity and ids.shape[0]:
+            _announce(np.ascontiguousarray(ids, dtype=np.int64), int(t), self._hkeys, self._hvals,
+                      self._next, self._heap, self._hpos, self._meta)
+
+    def forget_next_uses(self) -> None:
+        """``belady``: every cached row's next use becomes unknown (a new window begins)."""
+        self._next[:] = NEVER
 
     def __len__(self) -> int:
         return int(self._meta[_COUNT])
@@ -271,11 +409,13 @@ class CachedFeature:
         old, self.stats = self.stats, CacheStats()
         return old
 
-    def gather(self, ids: np.ndarray) -> tuple[np.ndarray, int]:
+    def gather(self, ids: np.ndarray, next_use: np.ndarray | None = None) -> tuple[np.ndarray, int]:
         """Rows ``feature[ids]``: hits from the cache, misses from the fallback (then admitted).
 
         Args:
             ids: int64 [n] node ids (duplicates allowed).
+            next_use: ``belady`` only: int64 [n], when each row is asked for next (:data:`NEVER`:
+                not within the window); None: rows are served but none is admitted.
 
         Returns:
             ``(rows [n, *row_shape] of the feature dtype, bytes read by the fallback)``.
@@ -293,8 +433,15 @@ class CachedFeature:
             self.stats.bytes_read += nb
             return out, nb
         found = np.empty(n, dtype=np.bool_)
-        hits = _lookup(self._pid, ids, self._hkeys, self._hvals, self._data, self._newer,
-                       self._older, self._bit, self._meta, flat, found)
+        look = self.lookahead
+        nu = np.zeros(0, dtype=np.int64) if next_use is None else \
+            np.ascontiguousarray(next_use, dtype=np.int64)
+        if look:
+            hits = _lookup_next(ids, nu, self._hkeys, self._hvals, self._data, self._next,
+                                self._heap, self._hpos, self._meta, flat, found)
+        else:
+            hits = _lookup(self._pid, ids, self._hkeys, self._hvals, self._data, self._newer,
+                           self._older, self._bit, self._meta, flat, found)
         self.stats.hits += int(hits)
         nb = 0
         if hits < n:
@@ -306,8 +453,13 @@ class CachedFeature:
             self.stats.misses += int(pos.shape[0])
             self.stats.bytes_read += int(nb)
             rflat = rows.reshape(pos.shape[0], -1).view(np.uint8).reshape(pos.shape[0], self.row_bytes)
-            _admit(self._pid, miss_ids, rflat, self._hkeys, self._hvals, self._data, self._slot_key,
-                   self._newer, self._older, self._bit, self._meta)
+            if look:
+                if nu.shape[0]:
+                    _admit_next(miss_ids, nu[pos], rflat, self._hkeys, self._hvals, self._data,
+                                self._slot_key, self._next, self._heap, self._hpos, self._meta)
+            else:
+                _admit(self._pid, miss_ids, rflat, self._hkeys, self._hvals, self._data,
+                       self._slot_key, self._newer, self._older, self._bit, self._meta)
         return out, int(nb)
 
     def peek(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -324,8 +476,13 @@ class CachedFeature:
         if n == 0 or self.capacity == 0:
             return out, found
         flat = out.reshape(n, -1).view(np.uint8).reshape(n, self.row_bytes)
-        hits = _lookup(self._pid, ids, self._hkeys, self._hvals, self._data, self._newer,
-                       self._older, self._bit, self._meta, flat, found)
+        if self.lookahead:
+            hits = _lookup_next(ids, np.zeros(0, dtype=np.int64), self._hkeys, self._hvals,
+                                self._data, self._next, self._heap, self._hpos, self._meta, flat,
+                                found)
+        else:
+            hits = _lookup(self._pid, ids, self._hkeys, self._hvals, self._data, self._newer,
+                           self._older, self._bit, self._meta, flat, found)
         self.stats.hits += int(hits)
         return out, found
 

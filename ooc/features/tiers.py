@@ -48,20 +48,22 @@ class MissRows:
         n, self.approx_rows = self.approx_rows, 0
         return n
 
-    def _exact(self, ids: np.ndarray) -> tuple[np.ndarray, int]:
+    def _exact(self, ids: np.ndarray, next_use: np.ndarray | None = None) -> tuple[np.ndarray, int]:
         if self.cache is not None:
-            return self.cache.gather(ids)
+            return self.cache.gather(ids, next_use)
         return self.disk.gather(ids)
 
-    def gather(self, ids: np.ndarray, approx_from: int | None = None) -> tuple[np.ndarray, int]:
+    def gather(self, ids: np.ndarray, approx_from: int | None = None,
+               next_use: np.ndarray | None = None) -> tuple[np.ndarray, int]:
         """Rows of ``ids`` (int64 [n]): ``(rows [n, *row_shape] storage dtype, bytes read)``.
 
         Rows at positions ``>= approx_from`` are decoded from the PQ codes unless the CPU cache
-        holds them; without codes (or ``approx_from`` None) every row is exact.
+        holds them; without codes (or ``approx_from`` None) every row is exact.  ``next_use``
+        (int64 [n]) goes to a look-ahead cache (exact rows only: exact mode).
         """
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         if approx_from is None or self.pq is None or approx_from >= ids.shape[0]:
-            return self._exact(ids)
+            return self._exact(ids, next_use)
         cut = max(int(approx_from), 0)
         out = np.empty((ids.shape[0], *self.shape[1:]), dtype=self.dtype)
         nbytes = 0

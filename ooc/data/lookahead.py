@@ -1,0 +1,164 @@
+"""Look-ahead for exact mode's CPU row cache: the epoch's batches are known in advance (the plan, and
+sampling is a pure function of each batch's key), so the loader samples them a window ahead and the
+cache evicts by Belady's MIN over that window (``--cache-policy belady``; Ginex, Park et al.,
+VLDB'22, does the same per "superbatch").
+
+:class:`Lookahead` keeps the next ``window`` batches of the plan sampled (their
+:class:`~ooc.kernels.sampling.MiniBatch`, on the loader thread).  Every ``group`` batches it computes,
+for each input row of the next ``group`` batches, the batch that asks for it next within the window
+(:func:`next_uses`: one backward pass over the window's rows with a hash table), and announces the
+batches that entered the window to the cache (:meth:`ooc.features.cache.CachedFeature.announce`),
+so cached rows that were not expected again get their next use.  A batch is then built from its
+kept sample and gathered with those next uses.  The look-ahead covers ``window - group`` to
+``window`` batches; it ends at the epoch's end.
+
+Results do not depend on any of this: batches are the same samples (same keys), rows are exact
+whatever the cache holds.  Memory: the window's samples and, every ``group`` batches, a hash table
+of twice the window's rows (:func:`lookahead_bytes`, charged to the budget).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable
+
+import numpy as np
+from numba import njit
+
+from ooc.contracts import Plan
+from ooc.features.cache import NEVER, CachedFeature, _find, _hinsert
+from ooc.kernels.sampling import MiniBatch
+
+__all__ = ["Lookahead", "next_uses", "lookahead_bytes"]
+
+
+@njit(cache=True, nogil=True)
+def next_uses(ids: np.ndarray, starts: np.ndarray, times: np.ndarray, first: int,
+              hkeys: np.ndarray, hvals: np.ndarray, out: np.ndarray) -> None:
+    """For every row of batches ``0..first-1`` of a window, the time of the next batch of the window
+    that asks for the same id (:data:`~ooc.features.cache.NEVER` if none).
+
+    Args:
+        ids: int64 [R] the window's input ids, batch by batch (unique within a batch);
+            starts: int64 [B+1] batch ``b`` = ``ids[starts[b]:starts[b+1]]``; times: int64 [B] its
+            batch number (increasing).
+        first: batches whose next uses are wanted (their rows are ``out``'s positions).
+        hkeys, hvals: an empty hash table (``hkeys`` all -1; int64 or int32 keys, int64 values) of a
+            power-of-two size >= 2 x the window's distinct ids.
+        out: int64 [starts[first]], written.
+    """
+    mask = hkeys.shape[0] - 1
+    for b in range(starts.shape[0] - 2, -1, -1):
+        t = times[b]
+        for p in range(starts[b], starts[b + 1]):
+            key = ids[p]
+            e = _find(hkeys, mask, key)
+            if b < first:
+                out[p] = hvals[e] if e >= 0 else NEVER
+            if e >= 0:
+                hvals[e] = t
+            else:
+                _hinsert(hkeys, hvals, mask, key, t)
+
+
+def _table_size(rows: int) -> int:
+    h = 16
+    while h < 2 * rows:
+        h *= 2
+    return h
+
+
+def lookahead_bytes(window: int, batch_rows: int, batch_edges: int, num_nodes: int) -> int:
+    """Host memory of a look-ahead of ``window`` batches of about ``batch_rows`` input rows and
+    ``batch_edges`` sampled edges: the kept samples (node ids 8 B per row, block indices ~12 B per
+    edge), the next uses of a group (8 B per row) and the hash table (2 x rows, 12-16 B per slot)."""
+    rows = window * batch_rows
+    key = 4 if num_nodes < 2**31 else 8
+    return int(rows * 16 + window * batch_edges * 12 + _table_size(rows) * (key + 8))
+
+
+class Lookahead:
+    """Samples a plan's batches ``window`` ahead and gives each with its rows' next uses.
+
+    Args:
+        sample: ``sample(plan, step, epoch) -> MiniBatch`` of a plan step (keyed as training
+            keys it).
+        cache: the ``belady`` cache the next uses are for.
+        window: batches sampled ahead (>= 2); group: batches whose next uses are computed at once
+            (default ``window // 4``).
+        num_nodes: node count (the hash table's key width).
+
+    Raises:
+        ValueError: ``window`` < 2 or ``group`` outside ``[1, window)``.
+    """
+
+    def __init__(self, sample: Callable[[Plan, int, int], MiniBatch], cache: CachedFeature,
+                 window: int, num_nodes: int, group: int | None = None) -> None:
+        group = max(1, window // 4) if group is None else group
+        if window < 2 or not 1 <= group < window:
+            raise ValueError(f"look-ahead window {window} / group {group}: need window >= 2 and "
+                             "1 <= group < window")
+        self.sample, self.cache = sample, cache
+        self.window, self.group = int(window), int(group)
+        self._key_dtype = np.int32 if num_nodes < 2**31 else np.int64
+        self._pos: tuple[int, int, int] | None = None  # (plan id, epoch, next step expected)
+        self._win: deque[tuple[int, MiniBatch]] = deque()
+        self._uses: deque[np.ndarray] = deque()
+        self._pending: list[tuple[int, np.ndarray]] = []
+        self._entered = 0
+
+    def _restart(self, plan: Plan, epoch: int, start: int) -> None:
+        self._win.clear()
+        self._uses.clear()
+        self._pending.clear()
+        self._entered = start
+        self.cache.forget_next_uses()  # what the cache knew was about another sequence
+
+    def _fill(self, plan: Plan, epoch: int, upto: int) -> None:
+        """Sample steps up to ``upto`` (exclusive) into the window; their announcements wait for
+        the next :meth:`take`, after the batch given now has been gathered (else that gather would
+        overwrite the next uses they set)."""
+        while self._entered < upto:
+            j = self._entered
+            mb = self.sample(plan, j, epoch)
+            self._win.append((j, mb))
+            self._pending.append((j, mb.input_nodes))
+            self._entered += 1
+
+    def _next_group(self) -> None:
+        """Next uses of the window's first ``group`` batches (not yet given any)."""
+        done = len(self._uses)
+        items = list(self._win)
+        first = min(self.group, len(items) - done)
+        ids = np.concatenate([mb.input_nodes for _, mb in items[done:]]).astype(np.int64, copy=False)
+        sizes = [mb.input_nodes.shape[0] for _, mb in items[done:]]
+        starts = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=starts[1:])
+        times = np.array([j for j, _ in items[done:]], dtype=np.int64)
+        hkeys = np.full(_table_size(ids.shape[0]), -1, dtype=self._key_dtype)
+        hvals = np.zeros(hkeys.shape[0], dtype=np.int64)
+        out = np.empty(int(starts[first]), dtype=np.int64)
+        next_uses(ids.astype(self._key_dtype, copy=False), starts, times, first, hkeys, hvals, out)
+        for b in range(first):
+            self._uses.append(out[starts[b]:starts[b + 1]])
+
+    def take(self, plan: Plan, epoch: int, step: int) -> tuple[MiniBatch, np.ndarray]:
+        """The sample of ``plan`` step ``step`` of ``epoch`` and int64 next uses of its input rows.
+
+        Steps are normally taken in order; any other step (a resume, a new epoch or plan) restarts
+        the window there.
+        """
+        pos = (id(plan), epoch, step)
+        if self._pos != pos:
+            self._restart(plan, epoch, step)
+        for j, ids in self._pending:
+            if j >= step:  # (an announcement for a batch already gathered would be in the past)
+                self.cache.announce(ids, j)
+        self._pending.clear()
+        self._fill(plan, epoch, min(len(plan), step + self.window))
+        if not self._uses:
+            self._next_group()
+        j, mb = self._win.popleft()
+        uses = self._uses.popleft()
+        self._pos = (id(plan), epoch, step + 1)
+        return mb, uses
