@@ -163,6 +163,10 @@ class TrainConfig:
     activation: str = _opt("relu", "model", "activation after hidden layers", choices=("relu", "elu"))
     gin_eps: float = _opt(0.0, "model", "GIN initial epsilon")
     gin_train_eps: bool = _opt(True, "model", "learn GIN's epsilon")
+    init: str = _opt("torch", "model", "weights of the SAGE, GCN and GIN layers: torch (nn.Linear's "
+                     "default, as PyG) or glorot (Glorot-uniform with the ReLU gain, zero biases: "
+                     "DGL's SAGEConv, the GraphSAGE and GCN papers' code); GAT is always Glorot",
+                     choices=("torch", "glorot"))
     # task
     task: str = _opt("node", "task", "node: node classification (multi-class, or multi-label when "
                      "labels are [N, C]); link: link prediction", choices=("node", "link"))

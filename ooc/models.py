@@ -507,6 +507,10 @@ class GNN(nn.Module):
         activation: ``relu`` or ``elu`` (the GAT paper's).
         gin_eps: initial epsilon of GIN layers; gin_train_eps: learn it.  Every GIN layer's MLP is
             ``hidden`` wide (``Linear(dims[i], hidden) -> ReLU -> Linear(hidden, dims[i+1])``).
+        init: ``torch`` (``nn.Linear``'s default, kaiming-uniform with a = sqrt(5), as PyG) or
+            ``glorot``: every linear map of the SAGE, GCN and GIN layers Glorot-uniform with the ReLU
+            gain (Glorot & Bengio, AISTATS'10), biases 0, as DGL's ``SAGEConv``.  GAT layers are
+            Glorot either way.
 
     Shapes:
         forward(blocks, x): ``x`` [blocks[0].num_src, in_dim] -> [blocks[-1].num_dst, out_dim];
@@ -522,8 +526,10 @@ class GNN(nn.Module):
                  dropout: float = 0.5, aggregator: str = "mean", heads: int = 1, out_heads: int = 1,
                  attn_dropout: float = 0.0, residual: bool = False, norm: str = "none",
                  activation: str = "relu", gin_eps: float = 0.0, gin_train_eps: bool = True,
-                 feat_dropout: float = 0.0, dropout_per_head: bool = False) -> None:
+                 feat_dropout: float = 0.0, dropout_per_head: bool = False, init: str = "torch") -> None:
         super().__init__()
+        if init not in ("torch", "glorot"):
+            raise ValueError(f"unknown init {init!r} (choose torch or glorot)")
         if model not in MODELS:
             raise ValueError(f"unknown model {model!r} (choose {', '.join(MODELS)})")
         if norm not in ("none", "batch", "layer"):
@@ -557,6 +563,13 @@ class GNN(nn.Module):
                 layers.append(GINConv(dims[i], dims[i + 1], hidden=hidden, eps=gin_eps,
                                       train_eps=gin_train_eps))
         self.layers = nn.ModuleList(layers)
+        if init == "glorot" and model != "gat":
+            gain = nn.init.calculate_gain("relu")
+            for m in self.layers.modules():
+                if isinstance(m, nn.Linear):
+                    nn.init.xavier_uniform_(m.weight, gain=gain)
+                    if m.bias is not None:
+                        nn.init.zeros_(m.bias)
         self.residuals = nn.ModuleList(
             [(nn.Identity() if dims[i] == dims[i + 1] else nn.Linear(dims[i], dims[i + 1], bias=False))
              if residual else nn.Identity() for i in range(num_layers)])

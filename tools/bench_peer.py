@@ -12,8 +12,9 @@ the same run of ``--baseline-python``'s ooc, an older checkout, when given) -- `
 ``exact``, each at ``--budget`` (default dataset / 3) with O_DIRECT reads.  Repetition ``i`` uses seed
 ``i`` for every run, so the repetitions also give the accuracy over seeds.  Same model and
 hyper-parameters for all: GraphSAGE-mean, 2 layers, ``--fanout``, ``--batch-size``, ``--hidden``,
-dropout on every layer's input, Adam, ``--lr``, ``--weight-decay``; evaluation on full neighbourhoods
-of the validation and test nodes, ``--eval-batch-size`` per batch.
+dropout on every layer's input, Adam, ``--lr``, ``--weight-decay``, the same weight initialisation
+(``--init``: DGL SAGEConv's Glorot by default); evaluation on full neighbourhoods of the validation
+and test nodes, ``--eval-batch-size`` per batch.
 
 The table: per run, the last epoch's training time of each repetition and its ratio to DGL's in the
 same repetition, the median ratio, the last epoch's evaluation time, the test accuracy after the last
@@ -67,7 +68,8 @@ def _run_dgl(py: str, peers: Path, npy: Path, out: Path, a: argparse.Namespace, 
     cmd = [py, str(peers / "train_dgl.py"), str(npy), "--fanout", a.fanout, "--batch-size",
            str(a.batch_size), "--eval-batch-size", str(a.eval_batch_size), "--hidden", str(a.hidden),
            "--epochs", str(a.epochs), "--threads", str(a.threads), "--lr", str(a.lr), "--weight-decay",
-           str(a.weight_decay), "--dropout", str(a.dropout), "--seed", str(seed), "--json", str(out)]
+           str(a.weight_decay), "--dropout", str(a.dropout), "--seed", str(seed), "--json", str(out),
+           "--init", "dgl" if a.init == "glorot" else "torch"]
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), DGLBACKEND="pytorch")
     load = _load()
     t = time.perf_counter()
@@ -103,6 +105,8 @@ def _run_ooc(dataset: Path, out: Path, mode: str, budget: int, a: argparse.Names
             "--epochs", str(a.epochs), "--lr", str(a.lr), "--weight-decay", str(a.weight_decay),
             "--dropout", str(a.dropout), "--seed", str(seed), "--partitions", str(a.partitions),
             "--threads", str(a.threads), *_mode_args(mode, budget), *a.ooc_args]
+    if a.init != "torch":  # (an older checkout may not have --init; its default is torch's)
+        args += ["--init", a.init]
     load = _load()
     # another checkout's interpreter runs from that checkout (python -m puts the folder first)
     cwd = Path(python).absolute().parents[2] if python != sys.executable else None
@@ -263,6 +267,9 @@ def add_bench_peer(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--dropout", type=float, default=0.5)
     p.add_argument("--threads", type=int, default=2, help="torch threads of every run")
+    p.add_argument("--init", default="glorot", choices=("glorot", "torch"),
+                   help="the same weight init on both sides: glorot (DGL SAGEConv's own; ooc --init "
+                        "glorot) or torch (nn.Linear's default; train_dgl.py --init torch)")
     p.add_argument("--partitions", type=int, default=0, help="default: the dataset's partitions")
     p.add_argument("--budget", default="", help="default: dataset bytes / 3")
     p.add_argument("--ooc-args", nargs=argparse.REMAINDER, default=[],

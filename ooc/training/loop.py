@@ -122,7 +122,7 @@ def make_model(cfg: TrainConfig, in_dim: int, out_dim: int) -> GNN:
                        attn_dropout=cfg.attn_dropout, residual=cfg.residual, norm=cfg.norm,
                        activation=cfg.activation, gin_eps=cfg.gin_eps,
                        gin_train_eps=cfg.gin_train_eps, feat_dropout=cfg.feat_dropout,
-                       dropout_per_head=cfg.dropout_per_head)
+                       dropout_per_head=cfg.dropout_per_head, init=cfg.init)
 
 
 def _make_optimizer(cfg: TrainConfig, model: GNN) -> torch.optim.Optimizer:

@@ -377,3 +377,22 @@ def test_model_option_errors() -> None:
         build_model("gat", 4, 10, 2, 2, 0.5, heads=4)
     with pytest.raises(ValueError, match="unknown norm"):
         build_model("gcn", 4, 8, 2, 2, 0.5, norm="group")
+
+
+def test_glorot_init_option() -> None:
+    """``init="glorot"``: every linear map of SAGE / GCN / GIN layers within the Glorot-uniform bound
+    with the ReLU gain and filling it (not torch's narrower default), biases zero; unknown names fail."""
+    import math
+    torch.manual_seed(0)
+    for name in ("sage", "gcn", "gin"):
+        m = GNN(name, 256, 128, 16, 2, init="glorot")
+        lins = [x for x in m.layers.modules() if isinstance(x, torch.nn.Linear)]
+        assert lins
+        for lin in lins:
+            fan_out, fan_in = lin.weight.shape
+            bound = math.sqrt(2.0) * math.sqrt(6.0 / (fan_in + fan_out))
+            w = lin.weight.abs().max().item()
+            assert 0.9 * bound < w <= bound + 1e-6
+            assert lin.bias is None or torch.count_nonzero(lin.bias) == 0
+    with pytest.raises(ValueError, match="unknown init"):
+        GNN("sage", 4, 4, 2, 1, init="he")
