@@ -115,7 +115,7 @@ class TrainConfig:
     cache_policy: str = _opt("sieve", "data", "CPU feature cache policy for rows outside the buffer; "
                              "belady (exact mode): Belady's MIN over batches sampled --lookahead "
                              "ahead", choices=("sieve", "clock", "lru", "belady", "none"))
-    lookahead: int = _opt(32, "data", "--cache-policy belady: training batches sampled ahead, whose "
+    lookahead: int = _opt(16, "data", "--cache-policy belady: training batches sampled ahead, whose "
                           "rows' next uses the cache evicts by")
     cache_size: str = _opt("", "data", "feature cache size without a budget, e.g. 256MB")
     direct_io: bool = _opt(False, "data", "read features with O_DIRECT (bypass the page cache)")

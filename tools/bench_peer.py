@@ -9,7 +9,8 @@ environment with torch 2.2.1: ``--dgl-python``), then ooc in every ``--modes`` e
 the same run of ``--baseline-python``'s ooc, an older checkout, when given) -- ``resident``
 (every partition resident: hybrid with a budget above the dataset, which is exact's plan), ``hybrid``,
 ``hybrid-pq`` (``--miss-features pq``; the dataset is compressed first if it has no codes) and
-``exact``, each at ``--budget`` (default dataset / 3) with O_DIRECT reads.  Repetition ``i`` uses seed
+``exact`` (``exact-belady``: with ``--cache-policy belady``), each at ``--budget`` (default
+dataset / 3) with O_DIRECT reads.  Repetition ``i`` uses seed
 ``i`` for every run, so the repetitions also give the accuracy over seeds.  Same model and
 hyper-parameters for all: GraphSAGE-mean, 2 layers, ``--fanout``, ``--batch-size``, ``--hidden``,
 dropout on every layer's input, Adam, ``--lr``, ``--weight-decay``, the same weight initialisation
@@ -36,7 +37,7 @@ from pathlib import Path
 __all__ = ["PEER_MODES", "run_bench_peer", "add_bench_peer"]
 
 #: --modes entries
-PEER_MODES = ("resident", "hybrid", "hybrid-pq", "exact")
+PEER_MODES = ("resident", "hybrid", "hybrid-pq", "exact", "exact-belady")
 
 
 def _default_peers() -> Path:
@@ -88,13 +89,15 @@ def _run_dgl(py: str, peers: Path, npy: Path, out: Path, a: argparse.Namespace, 
 def _mode_args(mode: str, budget: int) -> list[str]:
     if mode == "resident":
         return ["--mode", "hybrid", "--memory-budget", str(64 << 30), "--direct-io"]
-    args = ["--mode", "hybrid" if mode.startswith("hybrid") else mode, "--memory-budget", str(budget),
+    args = ["--mode", "hybrid" if mode.startswith("hybrid") else "exact", "--memory-budget", str(budget),
             "--direct-io"]
-    return args + (["--miss-features", "pq"] if mode == "hybrid-pq" else [])
+    return args + (["--miss-features", "pq"] if mode == "hybrid-pq" else []) \
+        + (["--cache-policy", "belady"] if mode == "exact-belady" else [])
 
 
 _NAMES = {"resident": "ooc, everything resident", "hybrid": "ooc hybrid, budget {}",
-          "hybrid-pq": "ooc hybrid --miss-features pq, budget {}", "exact": "ooc exact, budget {}"}
+          "hybrid-pq": "ooc hybrid --miss-features pq, budget {}", "exact": "ooc exact, budget {}",
+          "exact-belady": "ooc exact --cache-policy belady, budget {}"}
 
 
 def _run_ooc(dataset: Path, out: Path, mode: str, budget: int, a: argparse.Namespace, seed: int,

@@ -43,8 +43,8 @@ def next_uses(ids: np.ndarray, starts: np.ndarray, times: np.ndarray, first: int
             starts: int64 [B+1] batch ``b`` = ``ids[starts[b]:starts[b+1]]``; times: int64 [B] its
             batch number (increasing).
         first: batches whose next uses are wanted (their rows are ``out``'s positions).
-        hkeys, hvals: an empty hash table (``hkeys`` all -1; int64 or int32 keys, int64 values) of a
-            power-of-two size >= 2 x the window's distinct ids.
+        hkeys, hvals: an empty hash table (``hkeys`` all -1; int32 or int64 keys, int32 values: batch
+            numbers) of a power-of-two size > the window's distinct ids (at most 2/3 full is fast).
         out: int64 [starts[first]], written.
     """
     mask = hkeys.shape[0] - 1
@@ -62,19 +62,21 @@ def next_uses(ids: np.ndarray, starts: np.ndarray, times: np.ndarray, first: int
 
 
 def _table_size(rows: int) -> int:
+    """Slots of the hash table for ``rows`` ids: a power of two >= 1.5 x rows."""
     h = 16
-    while h < 2 * rows:
+    while 2 * h < 3 * rows:
         h *= 2
     return h
 
 
 def lookahead_bytes(window: int, batch_rows: int, batch_edges: int, num_nodes: int) -> int:
     """Host memory of a look-ahead of ``window`` batches of about ``batch_rows`` input rows and
-    ``batch_edges`` sampled edges: the kept samples (node ids 8 B per row, block indices ~12 B per
-    edge), the next uses of a group (8 B per row) and the hash table (2 x rows, 12-16 B per slot)."""
+    ``batch_edges`` sampled edges: the kept samples (node ids 8 B per row, block CSCs ~4 B per edge
+    and 8 B per row), the window's ids concatenated for a group (8 + 4 B per row), next uses (8 B
+    per row) and the hash table (>= 1.5 x rows slots, 8-12 B each)."""
     rows = window * batch_rows
     key = 4 if num_nodes < 2**31 else 8
-    return int(rows * 16 + window * batch_edges * 12 + _table_size(rows) * (key + 8))
+    return int(rows * 36 + window * batch_edges * 4 + _table_size(rows) * (key + 4))
 
 
 class Lookahead:
@@ -136,7 +138,7 @@ class Lookahead:
         np.cumsum(sizes, out=starts[1:])
         times = np.array([j for j, _ in items[done:]], dtype=np.int64)
         hkeys = np.full(_table_size(ids.shape[0]), -1, dtype=self._key_dtype)
-        hvals = np.zeros(hkeys.shape[0], dtype=np.int64)
+        hvals = np.zeros(hkeys.shape[0], dtype=np.int32)
         out = np.empty(int(starts[first]), dtype=np.int64)
         next_uses(ids.astype(self._key_dtype, copy=False), starts, times, first, hkeys, hvals, out)
         for b in range(first):

@@ -117,9 +117,9 @@ def test_next_uses_over_a_window_equal_brute_force(window: int) -> None:
     w = min(window, len(bs))
     first = min(3, w - 1)
     out = np.empty(int(starts[first]), dtype=np.int64)
-    size = 1 << int(np.ceil(np.log2(2 * starts[w] + 16)))
+    size = 1 << int(np.ceil(np.log2(1.5 * starts[w] + 16)))
     next_uses(ids[:starts[w]].astype(np.int32), starts[:w + 1], np.arange(w, dtype=np.int64) + 10,
-              first, np.full(size, -1, np.int32), np.zeros(size, np.int64), out)
+              first, np.full(size, -1, np.int32), np.zeros(size, np.int32), out)
     ref = exact_next_uses(bs[:w], w)
     for b in range(first):
         expect = np.where(ref[b] < NEVER, ref[b] + 10, NEVER)
