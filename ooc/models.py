@@ -30,7 +30,8 @@ from torch import Tensor, nn
 
 from ooc.kernels.dropout import dropout_backward, dropout_forward, dropout_forward_half, keep_threshold
 from ooc.kernels.sampling import Block, SampledSubgraph
-from ooc.sparse import Adjacency, gather_dst, gather_src, segment_max, segment_sum, spmm
+from ooc.sparse import (Adjacency, gather_dst, gather_src, segment_max, segment_sum, spmm,
+                        transform_first)
 
 __all__ = ["TorchBlock", "to_torch_blocks", "aggregate", "edge_softmax", "Dropout", "SAGEConv", "GCNConv",
            "GATConv", "GINConv", "GNN", "build_model", "takes_half", "MODELS"]
@@ -285,11 +286,12 @@ class SAGEConv(nn.Module):
         if self.aggregator == "max":
             agg = aggregate(block, torch.relu(self.pool(x)), "max")
             return self.lin_self(x_dst) + self.lin_neigh(agg)
-        if self.lin_neigh.in_features > self.lin_neigh.out_features:
-            # mean and sum are linear and commute with the bias-free W_neigh: transform first, so
-            # the per-edge messages are out_dim wide instead of in_dim (Actor: 64 instead of 932)
-            return self.lin_self(x_dst) + self._aggregate(block, self.lin_neigh(x))
-        return self.lin_self(x_dst) + self.lin_neigh(self._aggregate(block, x))
+        lin = self.lin_neigh
+        if transform_first(block.adjacency, x, lin.in_features, lin.out_features):
+            # mean and sum are linear and commute with the bias-free W_neigh: transform first when
+            # that is cheaper (ooc.sparse.transform_first; on GPUs: messages out_dim wide, not in_dim)
+            return self.lin_self(x_dst) + self._aggregate(block, lin(x))
+        return self.lin_self(x_dst) + lin(self._aggregate(block, x))
 
     def _aggregate(self, block: TorchBlock, x: Tensor) -> Tensor:
         """Mean or (degree-scaled) sum of ``x`` [num_src, F] over the sampled in-edges -> [num_dst, F]."""
@@ -467,9 +469,9 @@ class GINConv(nn.Module):
 
     def forward(self, block: TorchBlock, x: Tensor) -> Tensor:
         first = self.mlp[0]
-        if first.in_features > first.out_features:
-            # the MLP's first Linear commutes with the (linear) neighbour sum: apply it first, so
-            # the per-edge messages are `hidden` wide instead of in_dim (same function)
+        if transform_first(block.adjacency, x, first.in_features, first.out_features):
+            # the MLP's first Linear commutes with the (linear) neighbour sum: apply it first when
+            # that is cheaper (ooc.sparse.transform_first; same function)
             h = nn.functional.linear(x, first.weight)
             agg = aggregate(block, h, "sum") * _sum_scale(block).to(h.dtype)
             z = (1 + self.eps) * h[: block.num_dst] + agg + first.bias
