@@ -120,6 +120,10 @@ class TrainConfig:
                        "into one request (O_DIRECT; 0 = only rows on the same or adjacent pages)")
     shared_buffer: bool = _opt(True, "data", "data-parallel runs: local ranks share one partition "
                                "buffer per machine through shared memory (local rank 0 does the I/O)")
+    verify: str = _opt("checksums", "data", "verification of the dataset on read: checksums "
+                       "(structural scans when the run starts, and every chunk checked against its "
+                       "blake2b checksum the first time it is read) or structure (the scans only)",
+                       choices=("checksums", "structure"))
     device_cache: str = _opt("", "data", "per-device hot-feature cache size, e.g. 8GB (empty = none; "
                              "on CPU a separate tensor tier)")
     device_cache_policy: str = _opt("degree", "data", "what the device cache holds: degree (highest "
@@ -232,8 +236,12 @@ class TrainConfig:
         for name, text in (("config.yaml", self.to_yaml()),
                            ("config.json", json.dumps(self.to_dict(), indent=2, sort_keys=True))):
             tmp = d / f".{name}.tmp-{os.getpid()}"
-            tmp.write_text(text)
-            os.replace(tmp, d / name)
+            try:
+                tmp.write_text(text)
+                os.replace(tmp, d / name)
+            finally:  # a failed write (disk full) leaves no empty temporary behind
+                if tmp.exists():
+                    tmp.unlink()
 
     # ------------------------------------------------------------------ updates
     @classmethod

@@ -53,6 +53,7 @@ from ooc.features.device import build_device_cache
 from ooc.loader import Batch, BatchLoader, EpochPlan, plan_epoch
 from ooc.models import GNN, build_model
 from ooc.storage.dataset import Dataset
+from ooc.training.rundir import guarded
 
 __all__ = ["train", "evaluate", "seed_everything", "peak_rss_bytes", "write_json_atomic",
            "build_data_path", "DataPath", "NodeTask", "make_model", "resolve_device", "Interrupted"]
@@ -587,7 +588,7 @@ RESUMABLE_CHANGES = frozenset({
     "io_depth", "io_gap",
     "prefetch", "eval_batch_size", "patience", "eval_every", "eval_mode", "eval_fanouts",
     "buffer_partitions",
-    "topology"})
+    "topology", "verify"})
 
 
 def _check_resume_config(saved: dict, now: dict) -> None:
@@ -600,6 +601,7 @@ def _check_resume_config(saved: dict, now: dict) -> None:
 
 
 # ====================================================================== the loop
+@guarded
 def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None = None,
           dist: Any = None) -> dict:
     """Train as configured; see the module docstring for the run directory.

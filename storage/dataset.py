@@ -25,12 +25,14 @@ import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
 from ooc.util.files import fsync_dir, fsync_tree
-from ooc.util.procs import pid_alive
+from ooc.util.procs import remove_dead_leftovers
+from ooc.util.signals import forget_partial, register_partial
+from ooc.storage.locks import PathLock
 from ooc.storage.catalog import FORMAT_VERSION, Catalog
 from ooc.storage.rawarray import RawArray, RawArrayWriter, write_array, write_group_metadata
 from ooc.storage.verify import read_verification, verifier_for
@@ -73,13 +75,46 @@ def sha256_file(path: str | os.PathLike, block: int = 1 << 22) -> str:
 
 
 def _remove_stale_partials(out: Path) -> None:
-    for p in out.parent.glob(f".{out.name}.partial-*"):
-        try:
-            pid = int(p.name.rsplit(".partial-", 1)[1].split("-")[0])
-        except (ValueError, IndexError):
+    """Remove ``.NAME.partial-*`` / ``.NAME.old-*`` / ``.NAME.tmp-*`` siblings of ``out`` left by
+    dead processes (a kill during a write or right after the rename)."""
+    remove_dead_leftovers(out.parent, out.name)
+
+
+def check_not_input(out: Path, inputs: Iterable[str | os.PathLike]) -> None:
+    """Refuse an output path that is one of the inputs, or a folder holding one.
+
+    Raises:
+        ValueError: naming the input and the output.
+    """
+    o = Path(os.path.realpath(out))
+    for x in inputs:
+        if x is None:
             continue
-        if not pid_alive(pid):
-            shutil.rmtree(p, ignore_errors=True)
+        i = Path(os.path.realpath(x))
+        if i == o or o in i.parents:
+            raise ValueError(f"--out {out} would replace the input {x}: write the dataset elsewhere")
+
+
+def check_replaceable(out: Path, overwrite: bool) -> None:
+    """What may stand at a writer's target: nothing, or (with ``overwrite``) an ooc dataset.
+
+    Raises:
+        FileExistsError: ``out`` exists without ``overwrite``; or ``out`` is a file, or a directory
+            that is not an ooc dataset (no readable catalog and manifest), which ``--overwrite``
+            never replaces (its files are kept).
+    """
+    if not os.path.lexists(out):
+        return
+    if not overwrite:
+        raise FileExistsError(f"{out}: already exists (pass --overwrite to replace it)")
+    if out.is_symlink() or not out.is_dir():
+        raise FileExistsError(f"{out}: is a file, not an ooc dataset; --overwrite replaces only an "
+                              "existing dataset: choose another --out or remove the file yourself")
+    if not is_dataset(out):
+        n = sum(1 for _ in out.iterdir())
+        raise FileExistsError(f"{out}: is a directory holding {n} entries that is not an ooc dataset "
+                              "(no readable catalog.lmdb); --overwrite replaces only an existing "
+                              "dataset, never other files: choose another --out or remove it yourself")
 
 
 def _slices(n: int, step: int) -> Iterator[tuple[int, int]]:
@@ -97,23 +132,42 @@ class DatasetWriter:
             ...
             w.commit(num_nodes=..., ...)
 
+    The writer holds ``out``'s exclusive lock (:class:`~ooc.storage.locks.PathLock`) from
+    construction to commit or abort: a second writer of the same target, or a reader of the
+    dataset being replaced, fails at once with the holder named (or waits, with ``wait``).
+
     Args:
         out: target dataset directory.
         overwrite: replace an existing dataset at ``out`` (only after the new one is complete).
+            Only an ooc dataset (a readable catalog with a manifest) is ever replaced: a file, or a
+            directory that is not a dataset, is refused whatever ``overwrite`` says.
+        inputs: the conversion's input files and folders; ``out`` may be none of them and may not
+            contain any of them.
+        wait: wait for the lock instead of failing (default: the process default, ``--wait``).
 
     Raises:
-        FileExistsError: ``out`` exists and ``overwrite`` is false.
+        FileExistsError: ``out`` exists and ``overwrite`` is false, or ``out`` is not a dataset.
+        ValueError: ``out`` is (or contains) one of ``inputs``.
+        LockError: another process reads or writes ``out``.
     """
 
-    def __init__(self, out: str | os.PathLike, overwrite: bool = False) -> None:
+    def __init__(self, out: str | os.PathLike, overwrite: bool = False,
+                 inputs: Iterable[str | os.PathLike] = (), wait: bool | None = None) -> None:
         self.out = Path(out).absolute()
-        if self.out.exists() and not overwrite:
-            raise FileExistsError(f"{self.out}: already exists (pass --overwrite to replace it)")
+        check_not_input(self.out, inputs)
         self.overwrite = overwrite
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_partials(self.out)
+        self._lock = PathLock(self.out, exclusive=True, wait=wait, what="dataset",
+                              purpose="write").acquire()
+        try:
+            check_replaceable(self.out, overwrite)
+            _remove_stale_partials(self.out)
+        except BaseException:
+            self._lock.release()
+            raise
         self.tmp = self.out.parent / f".{self.out.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
         self.tmp.mkdir()
+        register_partial(self.tmp)  # removed if a signal forces the process out
         self.arrays_root = self.tmp / "arrays.zarr"
         write_group_metadata(self.arrays_root)
         self.records: dict[str, dict] = {}
@@ -179,6 +233,7 @@ class DatasetWriter:
             "sources": self.sources,
         }
         man.update(manifest)
+        check_not_input(self.out, [src["path"] for src in self.sources])
         man["arrays"] = {k: {kk: v[kk] for kk in ("shape", "dtype", "chunk_rows")}
                          for k, v in self.records.items()}
         ds = Dataset(self.tmp, _manifest=man)
@@ -205,13 +260,17 @@ class DatasetWriter:
             os.rename(self.tmp, self.out)
         fsync_dir(self.out.parent)
         self._done = True
+        forget_partial(self.tmp)
+        self._lock.release()
         return self.out
 
     def abort(self) -> None:
-        """Remove the partial directory."""
+        """Remove the partial directory (and release the lock)."""
         if not self._done:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self._done = True
+        forget_partial(self.tmp)
+        self._lock.release()
 
     def __enter__(self) -> "DatasetWriter":
         return self
@@ -239,10 +298,22 @@ class ArrayGroupWriter:
     Raises:
         DatasetError: not a dataset, or the parent group is missing.
         FileExistsError: the group exists and ``overwrite`` is false.
+        LockError: another process reads or writes the dataset (held exclusively until commit).
     """
 
-    def __init__(self, path: str | os.PathLike, group: str, overwrite: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike, group: str, overwrite: bool = False,
+                 wait: bool | None = None) -> None:
         self.path = Path(path)
+        # held until commit / abort: readers of the dataset (ooc train) and other writers excluded
+        self._lock = PathLock(self.path, exclusive=True, wait=wait, what="dataset",
+                              purpose=f"add {group} to").acquire()
+        try:
+            self._init(group, overwrite)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _init(self, group: str, overwrite: bool) -> None:
         self.ds = Dataset(self.path)  # validates the dataset
         self.group = group.strip("/")
         prefix = self.group + "/"
@@ -254,10 +325,9 @@ class ArrayGroupWriter:
         if not (self.final.parent / "zarr.json").exists():
             raise DatasetError(f"{self.path}: no group {self.final.parent.name} to add {self.group} to")
         _remove_stale_partials(self.final)
-        for p in self.final.parent.glob(f".{self.final.name}.old-*"):
-            shutil.rmtree(p, ignore_errors=True)
         self.tmp = self.final.parent / f".{self.final.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
         self.tmp.mkdir()
+        register_partial(self.tmp)
         write_group_metadata(self.tmp)
         self.records: dict[str, dict] = {}
         self._done = False
@@ -308,13 +378,17 @@ class ArrayGroupWriter:
             cat.close()
         self._done = True
         self.ds.close()
+        forget_partial(self.tmp)
+        self._lock.release()
 
     def abort(self) -> None:
-        """Remove the partial directory."""
+        """Remove the partial directory (and release the lock)."""
         if not self._done:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self._done = True
             self.ds.close()
+        forget_partial(self.tmp)
+        self._lock.release()
 
     def __enter__(self) -> "ArrayGroupWriter":
         return self

@@ -11,9 +11,11 @@ one ``--out``).  The lock is a POSIX record lock (``fcntl`` ``F_SETLK`` on the w
   ``F_GETLK``, and its command line, from ``/proc/PID/cmdline`` -- or, with ``wait=True``
   (``--wait``), blocks until the holder is gone;
 - the kernel drops a process's record locks when it exits, however it exits (``kill -9`` too), so a
-  lock of a dead process is taken over at once: there is nothing stale to clean up.  The ``.lock``
-  files themselves are kept (deleting a lock file while another process opens it would let two
-  holders in); they are empty.
+  lock of a dead process is taken over at once: there is nothing stale to clean up.  The last
+  holder removes the (empty) ``.lock`` file while it still holds it exclusively; a process that
+  opened the file before that notices after locking (the path names another inode, or none) and
+  locks the new file, so two holders never lock different files.  A process killed with the lock
+  leaves the empty file, which the next holder reuses and removes.
 
 Record locks belong to the process, not to the file descriptor: a process that closed any other
 descriptor of a lock file would lose its lock, so this module keeps one descriptor per lock file
@@ -37,11 +39,20 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["LockError", "PathLock", "lock_path", "holder_of", "describe_pid"]
+__all__ = ["LockError", "PathLock", "lock_path", "holder_of", "describe_pid", "set_lock_wait"]
 
 # struct flock on Linux (x86_64, aarch64): short l_type, short l_whence, off_t l_start, off_t l_len,
 # pid_t l_pid, padded to 32 bytes
 _FLOCK = "hhqqi4x"
+
+
+_WAIT = False
+
+
+def set_lock_wait(wait: bool) -> None:
+    """Process default of :class:`PathLock`'s ``wait`` (the ``--wait`` flag of the CLI)."""
+    global _WAIT
+    _WAIT = bool(wait)
 
 
 class LockError(OSError):
@@ -84,6 +95,19 @@ class _Shared:
         self.shared = 0
         self.exclusive = 0
 
+    def current(self) -> bool:
+        """Whether the descriptor's file is still the one at the path (a holder that was the last
+        removes the file; a process that opened it before then must lock the new one)."""
+        try:
+            a, b = os.fstat(self.fd), os.stat(self.file)
+        except FileNotFoundError:
+            return False
+        return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+    def reopen(self) -> None:
+        os.close(self.fd)
+        self.fd = os.open(self.file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
 
 _REGISTRY: dict[Path, _Shared] = {}
 _REG_LOCK = threading.Lock()
@@ -100,7 +124,8 @@ class PathLock:
     Args:
         path: the dataset or run directory (need not exist yet; its parent is created).
         exclusive: writer (True) or reader (False).
-        wait: block until the conflicting holder is gone instead of failing.
+        wait: block until the conflicting holder is gone instead of failing (None: the process
+            default, :func:`set_lock_wait`).
         what: ``"dataset"`` or ``"run directory"`` (for the message).
         purpose: what this process wants to do (for the message), e.g. ``"write"``.
 
@@ -110,12 +135,12 @@ class PathLock:
         OSError: the lock file cannot be created (read-only folder).
     """
 
-    def __init__(self, path: str | os.PathLike, exclusive: bool, wait: bool = False,
+    def __init__(self, path: str | os.PathLike, exclusive: bool, wait: bool | None = None,
                  what: str = "dataset", purpose: str = "") -> None:
         self.path = Path(os.path.abspath(path))
         self.file = lock_path(self.path)
         self.exclusive = exclusive
-        self.wait = wait
+        self.wait = _WAIT if wait is None else wait
         self.what = what
         self.purpose = purpose or ("write" if exclusive else "read")
         self._held = False
@@ -133,7 +158,13 @@ class PathLock:
             want_excl = self.exclusive or sh.exclusive > 0
             need_change = (self.exclusive and sh.exclusive == 0) or (sh.shared + sh.exclusive == 0)
             if need_change:
-                self._lock_fd(sh.fd, want_excl)
+                try:
+                    self._lock_fd(sh, want_excl)
+                except BaseException:
+                    if sh.shared + sh.exclusive == 0:
+                        os.close(sh.fd)
+                        del _REGISTRY[self.file]
+                    raise
             if self.exclusive:
                 sh.exclusive += 1
             else:
@@ -141,24 +172,26 @@ class PathLock:
         self._held = True
         return self
 
-    def _lock_fd(self, fd: int, exclusive: bool) -> None:
+    def _lock_fd(self, sh: "_Shared", exclusive: bool) -> None:
         kind = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
         announced = False
         while True:
             try:
-                fcntl.lockf(fd, kind | fcntl.LOCK_NB)
-                return
+                fcntl.lockf(sh.fd, kind | fcntl.LOCK_NB)
+                if sh.current():
+                    return
+                sh.reopen()  # the file was removed by its last holder: lock the new one
+                continue
             except OSError as e:
                 if e.errno not in (errno.EACCES, errno.EAGAIN):
                     raise OSError(e.errno, f"{self.file}: cannot lock {self.what} {self.path}: "
                                            f"{e.strerror}") from None
-            pid = holder_of(fd, exclusive)
+            pid = holder_of(sh.fd, exclusive)
             who = describe_pid(pid) if pid else "another process (on another machine?)"
             if not self.wait:
-                mode = "writing" if exclusive else "reading"
-                raise LockError(f"{self.path}: {self.what} is in use by {who}; cannot {self.purpose} "
-                                f"it while that runs ({mode} needs the lock {self.file}). Wait for it "
-                                "to finish, or pass --wait to wait for it")
+                raise LockError(f"{self.path}: cannot {self.purpose} this {self.what}: it is in use by "
+                                f"{who} (lock {self.file}). Wait for that to finish, or pass --wait "
+                                "to wait for it")
             if not announced:
                 import sys
                 print(f"ooc: waiting for {who} to release {self.what} {self.path}", file=sys.stderr)
@@ -179,8 +212,13 @@ class PathLock:
             else:
                 sh.shared -= 1
             if sh.shared + sh.exclusive == 0:
-                fcntl.lockf(sh.fd, fcntl.LOCK_UN)
-                os.close(sh.fd)
+                try:  # nobody else holds it: remove the file while still holding it exclusively
+                    fcntl.lockf(sh.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    if sh.current():
+                        os.unlink(self.file)
+                except OSError:
+                    pass
+                os.close(sh.fd)  # drops the lock
                 del _REGISTRY[self.file]
             elif self.exclusive and sh.exclusive == 0:
                 fcntl.lockf(sh.fd, fcntl.LOCK_SH)  # back to the readers' lock (never blocks)

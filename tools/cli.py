@@ -134,6 +134,7 @@ def _add_graph_args(p: argparse.ArgumentParser, node_files: bool = True) -> None
     p.add_argument("--memory-budget", default="2GB", help="memory for the CSC build (default 2GB)")
     p.add_argument("--partitions", type=int, help="store P contiguous node partitions")
     p.add_argument("--progress", action="store_true", help="progress bars")
+    p.add_argument("--wait", action="store_true", help="wait for a process using --out")
     if node_files:
         p.add_argument("--labels", help="labels: text table (id, label) or .npy [N]")
         p.add_argument("--label-cols", default="0,1",
@@ -307,7 +308,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     import copy
 
     from ooc.train import train, write_json_atomic
-    base = _train_config(args)
+    from ooc.training.rundir import set_run_control
+    base = set_run_control(_train_config(args), overwrite=args.overwrite, wait=args.wait)
     from ooc.distributed import launch_spec_from_args
     spec = launch_spec_from_args(args, base)  # --devices / --nnodes / torchrun: data-parallel (issue 7)
     if spec is not None:
@@ -381,8 +383,10 @@ def _cmd_train_distributed(args: argparse.Namespace, cfg: "TrainConfig", spec: o
 # ---------------------------------------------------------------- eval / predict
 def _cmd_eval(args: argparse.Namespace) -> int:
     from ooc.training.inference import eval_run
-    res = eval_run(args.run, dataset=args.dataset, weights=args.weights, workdir=args.workdir,
-                   progress=not args.no_progress)
+    from ooc.training.rundir import guard_inference
+    with guard_inference(args.run, args.dataset, args.verify):
+        res = eval_run(args.run, dataset=args.dataset, weights=args.weights, workdir=args.workdir,
+                       progress=not args.no_progress)
     for k in sorted(k for k in res if k.startswith(("val_", "test_"))):
         print(f"{k:<16} {res[k]:.4f}")
     print(f"exact layer-wise inference over all nodes in {res['time_s']:.1f} s; "
@@ -392,8 +396,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 def _cmd_predict(args: argparse.Namespace) -> int:
     from ooc.training.inference import predict_run
-    res = predict_run(args.run, args.out, what=args.what, dataset=args.dataset, weights=args.weights,
-                      workdir=args.workdir, progress=not args.no_progress)
+    from ooc.training.rundir import guard_inference
+    with guard_inference(args.run, args.dataset, args.verify):
+        res = predict_run(args.run, args.out, what=args.what, dataset=args.dataset,
+                          weights=args.weights, workdir=args.workdir, progress=not args.no_progress)
     for name, shape in res["arrays"].items():
         print(f"{name:<10} {tuple(shape)}")
     print(f"wrote {res['out']} (rows in original node id order)")
@@ -435,6 +441,10 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                    help="override one option, e.g. --set model.hidden=256 (repeatable; wins over flags)")
     p.add_argument("--resume", metavar="RUN",
                    help="continue RUN from RUN/checkpoint.pt with RUN/config.yaml (bit-identical on CPU)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run in --output-dir if it holds one (default: refuse)")
+    p.add_argument("--wait", action="store_true",
+                   help="wait for a process holding the run directory or writing the dataset")
     p.add_argument("--repeat", type=int, default=1,
                    help="train N times with seeds seed..seed+N-1 and report mean +- std; {seed} / {i} "
                         "in the dataset path are replaced per run")
@@ -491,6 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", required=True, help="dataset directory to write")
     pl.add_argument("--feat-dtype", choices=["float32", "float16"], default="float32")
     pl.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+    pl.add_argument("--wait", action="store_true", help="wait for a process using --out")
     pl.set_defaults(func=_cmd_convert_planetoid)
 
     el = csub.add_parser("edgelist", help="text edge list (SNAP, CSV/TSV, Matrix Market body; .gz ok)",
@@ -559,6 +570,7 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("--memory-budget", default="2GB")
     rm.add_argument("--partitions", type=int)
     rm.add_argument("--progress", action="store_true")
+    rm.add_argument("--wait", action="store_true", help="wait for a process using --out")
     rm.set_defaults(func=_cmd_generate_rmat)
 
     bench = sub.add_parser("bench", help="benchmarks")
@@ -610,6 +622,9 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--workdir", help="folder for the per-layer Zarr arrays (default RUN/inference, "
                                          "removed afterwards)")
         q.add_argument("--no-progress", action="store_true")
+        q.add_argument("--verify", choices=["checksums", "structure"], default="checksums",
+                       help="dataset checks: structural scans, and chunk checksums on first read")
+        q.add_argument("--wait", action="store_true", help="wait for a process writing the run or dataset")
 
     ev = sub.add_parser("eval", help="exact layer-wise inference of a trained run; validation/test scores",
                         description="Full-neighbour inference over the whole graph, layer by layer, out "
@@ -727,15 +742,22 @@ def main(argv: list[str] | None = None) -> int:
     from ooc.config import ConfigError
     from ooc.storage.dataset import DatasetError
     from ooc.ingest.planetoid import PlanetoidError
+    from ooc.storage.locks import set_lock_wait
+    from ooc.util.signals import Terminated, stop_on_signals
+    set_lock_wait(getattr(args, "wait", False))
     try:
-        return int(args.func(args) or 0)
+        with stop_on_signals(command=f"ooc {args.command}"):
+            return int(args.func(args) or 0)
     except (DatasetError, PlanetoidError, ConfigError, FileExistsError, FileNotFoundError, ValueError,
             NotImplementedError, OSError) as e:  # NotImplementedError: an unsupported option combination
         print(f"ooc {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"ooc {args.command}: interrupted", file=sys.stderr)
+        print(f"ooc {args.command}: interrupted; partial output removed", file=sys.stderr)
         return 130
+    except Terminated as e:
+        print(f"ooc {args.command}: {e}; partial output removed", file=sys.stderr)
+        return 128 + e.signum
 
 
 if __name__ == "__main__":  # pragma: no cover
