@@ -60,7 +60,7 @@ def write_graph_dataset(out: str | Path, num_nodes: int, src: np.ndarray, dst: n
     if labels.shape[0] != num_nodes:
         raise ValueError(f"{labels.shape[0]} labels for {num_nodes} nodes")
     indptr, indices = build_csc(src, dst, num_nodes)
-    with DatasetWriter(out, overwrite=overwrite) as w:
+    with DatasetWriter(out, overwrite=overwrite, inputs=sources or ()) as w:
         for s in sources or []:
             w.add_source(s)
         w.write_array("indptr", indptr)
@@ -195,16 +195,23 @@ class NodeInputs:
     splits: dict[str, str | Path] = field(default_factory=dict)
 
 
+def _inputs(path: Path, nodes: NodeInputs) -> tuple:
+    """The input files of a conversion (the output may be none of them)."""
+    feats = (nodes.features,) if isinstance(nodes.features, (str, Path)) else ()
+    return (path, nodes.labels, *nodes.splits.values(), *feats)
+
+
 class _Job:
     """One conversion: the atomic writer, its scratch directory, the id space and the manifest."""
 
-    def __init__(self, out: str | Path, opts: GraphOptions, overwrite: bool, source_format: str) -> None:
+    def __init__(self, out: str | Path, opts: GraphOptions, overwrite: bool, source_format: str,
+                 inputs: tuple = ()) -> None:
         opts.validate()
         self.opts = opts
         self.budget = parse_bytes(opts.memory_budget)
         # chunk buffers take ~40 B per chunk edge; keep them to ~10% of the budget
         opts.chunk_edges = min(opts.chunk_edges, max(self.budget // 400, 1024))
-        self.w = DatasetWriter(out, overwrite=overwrite)
+        self.w = DatasetWriter(out, overwrite=overwrite, inputs=inputs)
         self.work = self.w.tmp / "_work"
         self.work.mkdir()
         self.manifest: dict = {"source_format": source_format}
@@ -445,7 +452,8 @@ def convert_edgelist(path: str | Path, out: str | Path, opts: GraphOptions | Non
         header, opts.one_based = True, True
         if opts.ids == "dense" and opts.num_nodes is None:
             opts.num_nodes = max(mm[0], mm[1])
-    job = _Job(out, opts, overwrite, "edgelist" if mm is None else "matrix-market")
+    job = _Job(out, opts, overwrite, "edgelist" if mm is None else "matrix-market",
+               inputs=_inputs(p, nodes))
     with job.w:
         for f in [p] + [Path(x) for x in (nodes.labels, *nodes.splits.values()) if x is not None] + \
                 ([Path(nodes.features)] if isinstance(nodes.features, (str, Path)) else []):
@@ -688,7 +696,7 @@ def convert_numpy(path: str | Path, out: str | Path, opts: GraphOptions | None =
     nodes = nodes or NodeInputs()
     p = Path(path)
     edges = NumpyEdges(p, layout, key)
-    job = _Job(out, opts, overwrite, "numpy")
+    job = _Job(out, opts, overwrite, "numpy", inputs=_inputs(p, nodes) + (edge_weights,))
     with job.w:
         weight = None
         if edge_weights is not None:
@@ -771,7 +779,7 @@ def convert_ogb(root: str | Path, out: str | Path, opts: GraphOptions | None = N
     opts.num_nodes = n
     if opts.ids != "dense":
         raise InputError(f"{root}: OGB ids are dense 0..N-1; --ids {opts.ids} does not apply")
-    job = _Job(out, opts, overwrite, "ogb")
+    job = _Job(out, opts, overwrite, "ogb", inputs=(root,))
     with job.w:
         table = TextTable(edge_f, [0, 1], ["int", "int"], header=False, block_bytes=opts.chunk_bytes)
         spool = SpoolWriter(job.work, "edges", False)
@@ -915,7 +923,7 @@ def convert_geom_gcn(raw_dir: str | Path, out: str | Path, opts: GraphOptions | 
     if opts.num_nodes is not None and opts.num_nodes != n:
         raise InputError(f"{nf}: {n} nodes but --num-nodes {opts.num_nodes}")
     opts.num_nodes = n
-    job = _Job(out, opts, overwrite, "geom-gcn")
+    job = _Job(out, opts, overwrite, "geom-gcn", inputs=(raw_dir, split))
     with job.w:
         table = TextTable(ef, [0, 1], ["int", "int"], sep="\t", header=True)
         spool = SpoolWriter(job.work, "edges", False)
