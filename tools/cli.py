@@ -53,6 +53,7 @@ def _graph_options(args: argparse.Namespace) -> "GraphOptions":
         num_nodes=args.num_nodes, ids=args.ids, one_based=args.one_based, undirected=args.undirected,
         self_loops=args.self_loops, dedup=args.dedup, feat_dtype=args.feat_dtype,
         nan_policy=args.nan_policy, memory_budget=args.memory_budget, partitions=args.partitions,
+        num_classes=args.num_classes,
         node_types=parse_node_types(args.node_types) if args.node_types else [],
         src_type=args.src_type, dst_type=args.dst_type, progress=args.progress, name=args.name)
 
@@ -118,6 +119,8 @@ def _add_graph_args(p: argparse.ArgumentParser, node_files: bool = True) -> None
     p.add_argument("--name", help="dataset name (default: the input's name)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
     p.add_argument("--num-nodes", type=_count, help="declared node count N (ids must be below it)")
+    p.add_argument("--num-classes", type=_count,
+                   help="declared class count C: labels in [-1, C) (default: labels dense 0..C-1)")
     p.add_argument("--ids", choices=["dense", "map", "string", "typed"], default="dense",
                    help="dense: ids are 0..N-1; map: sparse 64-bit ids renumbered in order; "
                         "string: any token; typed: per-type ids (--node-types)")

@@ -29,6 +29,90 @@ __all__ = ["convert_planetoid", "write_graph_dataset", "convert_edgelist", "conv
 log = logging.getLogger("ooc.convert")
 
 
+#: Largest class count accepted (labels are stored as int32; a larger count is a mistake: a
+#: classifier with 2^31 outputs does not fit any memory).
+MAX_CLASSES = 1 << 24
+_F16_MAX = float(np.finfo(np.float16).max)
+
+
+def cast_features(rows: np.ndarray, dtype: str, nan_policy: str, what: str, first: int = 0) -> np.ndarray:
+    """Rows cast to the storage dtype, with non-finite values (and, for float16, values beyond its
+    range, which would become inf) refused (``nan_policy="error"``) or replaced by 0 (``"zero"``).
+
+    Args:
+        rows: [n, D] feature rows (float or integer); what: the input's name for messages; first:
+            the node id of ``rows[0]``.
+
+    Raises:
+        InputError: naming the input, the row (node id), the column and the value.
+    """
+    rows = np.asarray(rows)
+    if rows.dtype.kind not in "fiub":
+        raise InputError(f"{what}: features of dtype {rows.dtype}")
+    out_dtype = np.dtype(dtype)
+    if rows.dtype.kind == "f":
+        bad = ~np.isfinite(rows)
+        if bad.any():
+            if nan_policy == "error":
+                r, c = (int(x) for x in np.argwhere(bad.reshape(rows.shape[0], -1))[0])
+                v = rows.reshape(rows.shape[0], -1)[r, c]
+                raise InputError(f"{what}: row {first + r}: non-finite feature value {v} in column {c} "
+                                 "(use --nan-policy zero to store 0)")
+            rows = np.where(bad, 0, rows)
+    if out_dtype == np.float16 and (rows.dtype.kind in "iu" or np.finfo(rows.dtype).max > _F16_MAX):
+        over = np.abs(rows) > _F16_MAX
+        if over.any():
+            if nan_policy == "error":
+                r, c = (int(x) for x in np.argwhere(over.reshape(rows.shape[0], -1))[0])
+                v = rows.reshape(rows.shape[0], -1)[r, c]
+                raise InputError(f"{what}: row {first + r}: feature value {v:g} in column {c} is beyond float16's "
+                                 f"range (+-{_F16_MAX:g}) and would be stored as inf; use --feat-dtype "
+                                 "float32, rescale the features, or --nan-policy zero to store 0")
+            rows = np.where(over, 0, rows)
+    return rows.astype(out_dtype, copy=False)
+
+
+def check_labels(lab: np.ndarray, num_classes: int | None, what: str,
+                 ids: np.ndarray | None = None) -> int:
+    """Check class labels and return the class count C.
+
+    Labels are ``-1`` (unlabelled) or a class in ``[0, C)``: with ``num_classes`` given, C is it;
+    without, the labels must be dense (every class ``0 .. max`` used) and C = max + 1.
+
+    Raises:
+        InputError: a label below -1, a label >= C, or sparse labels without ``num_classes``;
+            naming the input, the node and the label, and how to remap.
+    """
+    lab = np.asarray(lab)
+    if lab.size == 0:
+        return int(num_classes or 0)
+
+    def node(i: int) -> str:
+        return f"node {int(ids[i])}" if ids is not None else f"row {i}"
+
+    if lab.min() < -1:
+        i = int(np.argmax(lab < -1))
+        raise InputError(f"{what}: {node(i)} has label {int(lab[i])}; labels are -1 (unlabelled) or "
+                         "a class 0..C-1")
+    top = int(lab.max())
+    if num_classes is not None:
+        if top >= num_classes:
+            i = int(np.argmax(lab >= num_classes))
+            raise InputError(f"{what}: {node(i)} has label {int(lab[i])}, not below --num-classes "
+                             f"{num_classes}")
+        return int(num_classes)
+    if top < 0:
+        return 0
+    used = np.unique(lab[lab >= 0])
+    if top >= MAX_CLASSES or used.shape[0] != top + 1:
+        i = int(np.argmax(lab == top))
+        raise InputError(f"{what}: labels are not dense: {used.shape[0]:,} distinct classes but "
+                         f"{node(i)} has label {top:,}, which would make {top + 1:,} classes; "
+                         "remap the labels to 0..C-1 (e.g. numpy.unique(labels, return_inverse=True)) "
+                         f"or declare --num-classes C (at most {MAX_CLASSES:,})")
+    return top + 1
+
+
 def write_graph_dataset(out: str | Path, num_nodes: int, src: np.ndarray, dst: np.ndarray,
                         features: np.ndarray, labels: np.ndarray, splits: dict[str, np.ndarray],
                         num_classes: int, name: str, overwrite: bool = False,
@@ -65,7 +149,8 @@ def write_graph_dataset(out: str | Path, num_nodes: int, src: np.ndarray, dst: n
             w.add_source(s)
         w.write_array("indptr", indptr)
         w.write_array("indices", indices)
-        w.write_array("features", np.ascontiguousarray(features, dtype=np.dtype(feat_dtype)))
+        w.write_array("features", np.ascontiguousarray(cast_features(
+            np.asarray(features), feat_dtype, "error", "features")))
         w.write_array("labels", labels.astype(np.int32))
         for k, ids in splits.items():
             w.write_array(k, np.unique(np.asarray(ids, dtype=np.int64)))
@@ -123,6 +208,8 @@ class GraphOptions:
         node_types: typed nodes ``[(name, count), ...]`` (internal id = type offset + local id).
         src_type, dst_type: node types of the edge columns (with ``ids="typed"``).
         chunk_edges: edges per streamed chunk; chunk_bytes: bytes per text block.
+        num_classes: declared class count C (labels must be in ``[-1, C)``); ``None``: the labels
+            must be dense, every class ``0 .. max`` used.
     """
 
     num_nodes: int | None = None
@@ -142,6 +229,7 @@ class GraphOptions:
     chunk_bytes: int = 16 << 20
     progress: bool = False
     name: str | None = None
+    num_classes: int | None = None
 
     def validate(self) -> None:
         if self.ids not in ID_MODES:
@@ -152,6 +240,8 @@ class GraphOptions:
             raise ValueError(f"--feat-dtype must be float32 or float16, got {self.feat_dtype!r}")
         if self.nan_policy not in ("error", "zero"):
             raise ValueError(f"--nan-policy must be error or zero, got {self.nan_policy!r}")
+        if self.num_classes is not None and not 1 <= self.num_classes <= MAX_CLASSES:
+            raise ValueError(f"--num-classes must be in [1, {MAX_CLASSES:,}], got {self.num_classes}")
         if self.ids == "typed":
             if not self.node_types or self.src_type is None or self.dst_type is None:
                 raise ValueError("--ids typed needs --node-types, --src-type and --dst-type")
@@ -294,6 +384,7 @@ class _Job:
         t = TextTable(path, list(cols), ["int", "int"], header="auto",
                       block_bytes=self.opts.chunk_bytes)
         blk = t.read_all()
+        self._label_name = str(path)
         return blk.ints[:, 0], blk.ints[:, 1], blk.lines
 
     def write_graph(self, source: object, name: str, nodes: NodeInputs,
@@ -323,27 +414,19 @@ class _Job:
                 rows = np.asarray(rows)
                 if rows.dtype.kind not in "fiub":
                     raise InputError(f"{self._feat_name}: features of dtype {rows.dtype}")
-                if rows.dtype.kind == "f":
-                    bad = ~np.isfinite(rows)
-                    if bad.any():
-                        if opts.nan_policy == "error":
-                            r = int(np.argwhere(bad)[0][0])
-                            raise InputError(f"{self._feat_name}: row {start + r}: non-finite feature "
-                                             f"value {rows[r][bad[r]][0]} (use --nan-policy zero)")
-                        rows = np.where(bad, 0, rows)
-                fw.append(rows.astype(opts.feat_dtype))
+                fw.append(cast_features(rows, opts.feat_dtype, opts.nan_policy, self._feat_name,
+                                        start))
             if fw.rows != n:
                 raise InputError(f"{self._feat_name}: {fw.rows} feature rows but the graph has {n} nodes")
             self.w.finish_array(fw)
         # labels
-        ncls = num_classes
+        ncls = num_classes if num_classes is not None else opts.num_classes
         if labels_in is not None:
             ids, lab = labels_in
+            ncls = check_labels(np.asarray(lab), ncls, self._label_name, ids)
             labels = np.full(n, -1, dtype=np.int32)
             labels[ids] = lab
             self.w.write_array("labels", labels)
-            if ncls is None:
-                ncls = int(lab.max()) + 1 if lab.size else 0
         for s, ids in (split_ids or {}).items():
             self.w.write_array(s, np.unique(np.asarray(ids, dtype=np.int64)))
         if opts.ids == "typed":
@@ -370,6 +453,7 @@ class _Job:
         return path
 
     _feat_name = "features"
+    _label_name = "labels"
 
     def features_from_array(self, feat: str | Path | np.ndarray) -> tuple[Iterator, tuple[int, int]]:
         if self.opts.ids in ("map", "string"):
@@ -497,7 +581,12 @@ def convert_edgelist(path: str | Path, out: str | Path, opts: GraphOptions | Non
                 resolve = job.dense_ids
                 if lab is not None:
                     lab = (job.dense_ids(lab[0], _where_line(Path(nodes.labels), lab[2])), lab[1], lab[2])
-                    max_id = max(max_id, int(lab[0].max()) if lab[0].size else -1)
+                    if job.num_nodes is None and lab[0].size and int(lab[0].max()) > max_id:
+                        i = int(np.argmax(lab[0] > max_id))
+                        raise InputError(
+                            f"{nodes.labels}:{int(lab[2][i])}: label for node {int(lab[0][i])}, but the "
+                            f"edges name nodes 0..{max_id} only; pass --num-nodes N if the graph has "
+                            "isolated nodes (ids up to N-1)")
                 if job.num_nodes is None:
                     job.num_nodes = max_id + 1
             if lab is not None:
@@ -554,6 +643,7 @@ def _label_array(job: _Job, path: str | Path) -> tuple[np.ndarray, np.ndarray]:
         raise InputError(f"{path}: label array of shape {lab.shape}, expected ({job.num_nodes},)")
     if lab.dtype.kind not in "iu":
         raise InputError(f"{path}: labels of dtype {lab.dtype}, expected integers")
+    job._label_name = str(path)
     return np.arange(job.num_nodes, dtype=np.int64), lab.astype(np.int64)
 
 
