@@ -22,6 +22,8 @@ from typing import Iterator
 
 import numpy as np
 
+from ooc.util.files import write_to
+
 __all__ = ["RawArray", "RawArrayWriter", "write_array", "write_group_metadata", "choose_chunk_rows"]
 
 PAGE = mmap.PAGESIZE
@@ -414,7 +416,7 @@ class RawArrayWriter:
         target.parent.mkdir(parents=True, exist_ok=True)
         data = memoryview(self._pending).cast("B")  # no copy of the chunk
         with open(target, "wb") as f:
-            f.write(data)
+            write_to(f, data, target)
         self.checksums[key] = hashlib.blake2b(data, digest_size=16).hexdigest()
         self._chunk += 1
         self._fill = 0

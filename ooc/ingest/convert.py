@@ -17,7 +17,7 @@ from ooc.storage.dataset import DatasetWriter
 from ooc.util.sizes import parse_bytes
 from ooc.ingest.planetoid import read_planetoid
 from ooc.storage.idmap import write_int_id_map, write_str_id_map
-from ooc.ingest.readers import (InputError, NumpyEdges, TextTable, _pread_into,
+from ooc.ingest.readers import (InputError, check_input_file, NumpyEdges, TextTable, _pread_into,
                                load_array, read_string_pairs)
 from ooc.ingest.streaming import (DEFAULT_CHUNK_EDGES, EdgeChunk, SpoolWriter,
                                  SymmetricSource, build_csc_to_writer,
@@ -541,8 +541,7 @@ def convert_edgelist(path: str | Path, out: str | Path, opts: GraphOptions | Non
     with job.w:
         for f in [p] + [Path(x) for x in (nodes.labels, *nodes.splits.values()) if x is not None] + \
                 ([Path(nodes.features)] if isinstance(nodes.features, (str, Path)) else []):
-            if not f.is_file():
-                raise InputError(f"{f}: no such file")
+            check_input_file(f)
         has_w = weight_col is not None
         labels_in = None
         if opts.ids == "string":
