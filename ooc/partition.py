@@ -43,7 +43,7 @@ import numpy as np
 from ooc.util.sizes import format_bytes, parse_bytes
 from ooc.kernels.partition import (bucket_sort_block, count_buckets_block, count_cut_block,
                                    relabel_lists, scatter_rows, stream_assign_block)
-from ooc.storage.dataset import ARRAY_NAMES, Dataset, DatasetWriter, check_replaceable
+from ooc.storage.dataset import ARRAY_NAMES, Dataset, DatasetWriter, _fault_point, check_replaceable
 from ooc.storage.locks import PathLock
 from ooc.storage.rawarray import RawArray, choose_chunk_rows
 
@@ -170,6 +170,7 @@ def _metis_assign(indptr: np.ndarray, indices: np.ndarray, num_nodes: int, num_p
         vw = np.stack([np.ones(num_nodes, dtype=np.int64), is_train.astype(np.int64)], 1).ravel()
 
     def run() -> np.ndarray:
+        _fault_point("metis")
         opts = pymetis.Options()
         opts.seed = int(seed)
         if hasattr(pymetis, "CSRAdjacency"):
