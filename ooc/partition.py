@@ -185,6 +185,8 @@ def _metis_assign(indptr: np.ndarray, indices: np.ndarray, num_nodes: int, num_p
     if assign.shape != (num_nodes,) or (num_nodes and (assign.min() < 0 or assign.max() >= num_parts)):
         raise ValueError(f"METIS returned an invalid assignment (shape {assign.shape}, ids outside "
                          f"[0, {num_parts})); nothing was written: use --method stream")
+    # empty partitions of tiny graphs are filled by the constraint pass; a lopsided result is not
+    check_metis_result(assign, num_nodes, num_parts, allow_empty=True)
     return assign
 
 
@@ -211,9 +213,10 @@ def metis_memory_estimate(num_nodes: int, num_edges: int) -> int:
     return METIS_BYTES_PER_EDGE * int(num_edges) + METIS_BYTES_PER_NODE * int(num_nodes)
 
 
-def check_metis_result(assign: np.ndarray, num_nodes: int, num_parts: int) -> None:
-    """Refuse a METIS assignment (after the constraint pass, which fills empty partitions) that
-    leaves a partition empty or puts more than :data:`METIS_MAX_IMBALANCE` times the mean partition
+def check_metis_result(assign: np.ndarray, num_nodes: int, num_parts: int,
+                       allow_empty: bool = False) -> None:
+    """Refuse a METIS assignment that leaves a partition empty (unless ``allow_empty``: the
+    constraint pass moves a node into each) or puts more than :data:`METIS_MAX_IMBALANCE` times the mean partition
     size, or :data:`METIS_MAX_SHARE` of the nodes, (plus 8 nodes, for tiny graphs) in one.
 
     Raises:
@@ -223,7 +226,7 @@ def check_metis_result(assign: np.ndarray, num_nodes: int, num_parts: int) -> No
     # (a few nodes of slack: on tiny graphs whole components cannot be split evenly)
     bound = int(math.ceil(min(METIS_MAX_IMBALANCE * num_nodes / num_parts,
                               METIS_MAX_SHARE * num_nodes))) + _METIS_SLACK
-    empty = np.flatnonzero(sizes == 0)
+    empty = np.flatnonzero(sizes == 0) if not allow_empty else np.empty(0, dtype=np.int64) if not allow_empty else np.empty(0, dtype=np.int64)
     big = int(np.argmax(sizes))
     if empty.size or sizes[big] > bound:
         what = (f"partition {int(empty[0])} is empty" if empty.size else
@@ -429,8 +432,6 @@ def partition_nodes(indptr: np.ndarray, indices: np.ndarray | RawArray, num_node
         assign = _stream_assign(indptr, indices, num_nodes, num_parts, is_train, passes, objective,
                                 balance_train, tol, block_edges)
     moved = _enforce_constraints(assign, num_parts, is_train, tol, balance_train, indptr, indices)
-    if method == "metis":
-        check_metis_result(assign, num_nodes, num_parts)
     seconds = time.perf_counter() - t0
     cut = 0
     for start, ip, idx in _blocks(indptr, indices, block_edges):
