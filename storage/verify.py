@@ -8,7 +8,8 @@ every read path -- ``RawArray.read`` / ``gather`` / ``mmap``, ``DiskRows.read_ra
 topology) -- first checks the chunks it touches.  Each chunk is checked **once per process**, the
 first time any of its bytes is used: the whole chunk file is read and hashed (one extra read of
 the file, from the page cache when the read that follows is buffered) and the chunk is marked
-good; later reads of it cost one array lookup.  ``mmap()`` (the sampler's mapped topology) checks
+good; later reads of it cost one array lookup.  Several chunks met at once (a partition load) are
+read and hashed on a pool of threads, one per core.  ``mmap()`` (the sampler's mapped topology) checks
 every chunk when the map is made, since page faults cannot be intercepted.  A chunk that fails is
 a :class:`CorruptChunkError` naming the array, the chunk and its file.  With verification
 ``"structure"`` only the structural scans run.
@@ -136,9 +137,12 @@ class ChunkVerifier:
         if c.size == 0:
             return
         todo = c[~self.done[np.clip(c, 0, max(self.num_chunks - 1, 0))]]
-        for i in np.unique(todo).tolist():
-            if 0 <= i < self.num_chunks:
-                self._check(int(i))
+        todo = [int(i) for i in np.unique(todo).tolist() if 0 <= i < self.num_chunks]
+        if len(todo) > 1:  # hashlib releases the GIL: chunks are read and hashed in parallel
+            for f in [_pool().submit(self._check, i) for i in todo]:
+                f.result()
+        elif todo:
+            self._check(todo[0])
         if not self.complete and self.done.all():
             self.complete = True
 
@@ -158,6 +162,20 @@ class ChunkVerifier:
         """Verify every chunk."""
         if not self.complete:
             self.ensure(np.arange(self.num_chunks))
+
+
+_POOL = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool():
+    """The process's verification threads (one per core, at most 8)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            from concurrent.futures import ThreadPoolExecutor
+            _POOL = ThreadPoolExecutor(min(os.cpu_count() or 2, 8), thread_name_prefix="ooc-verify")
+        return _POOL
 
 
 _REGISTRY: dict[tuple, ChunkVerifier] = {}
