@@ -197,3 +197,18 @@ def test_leftovers_of_dead_processes_are_removed(tmp_path: Path) -> None:
                  "--buffer-partitions", "1", "--output-dir", str(run), "--no-progress"]) == 0
     assert not old.exists() and not tmp.exists() and live.exists()
     assert not (run / f".config.yaml.tmp-{dead.pid}").exists()
+
+
+def test_compress_bound_works_for_float16() -> None:
+    import warnings
+
+    from ooc.compress import _check_finite
+    rows = np.array([[1.0, 60000.0], [2.0, 3.0]], dtype=np.float16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "overflow encountered in cast"
+        _check_finite(rows, "f16")  # every finite float16 is below the bound
+        rows[1, 0] = np.inf
+        with pytest.raises(ValueError, match="f16: value inf at node 1, column 0"):
+            _check_finite(rows, "f16")
+        with pytest.raises(ValueError, match="value 1e\\+16 at node 0, column 1"):
+            _check_finite(np.array([[0.0, 1e16]], dtype=np.float32), "f32")

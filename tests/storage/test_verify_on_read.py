@@ -180,3 +180,22 @@ def test_readers_raise_on_a_corrupt_chunk(tmp_path: Path) -> None:
     unchecked = Dataset(path, verify="structure")  # the reader without checksums reads it
     assert unchecked.features.read(3 * 256, 3 * 256 + 1).shape == (1, 4)
     unchecked.close()
+
+
+def test_broken_json_in_the_catalog_names_file_and_key(tmp_path: Path, planted_dataset: Path) -> None:
+    from ooc.storage.catalog import Catalog
+    ds = _copy(planted_dataset, tmp_path)
+    cat = Catalog(ds / "catalog.lmdb", readonly=False)
+    with cat.env.begin(write=True) as txn:
+        txn.put(b"checksums/nodes/labels", b"{broken")
+    cat.close()
+    with pytest.raises(DatasetError, match=r"catalog.lmdb: key 'checksums/nodes/labels' is not valid "
+                                           r"JSON"):
+        Dataset(ds).raw("labels")
+    cat = Catalog(ds / "catalog.lmdb", readonly=False)
+    with cat.env.begin(write=True) as txn:
+        txn.put(b"manifest", b"[1, 2]")
+    cat.close()
+    r = _ooc("info", str(ds))
+    _clean_error(r)
+    assert "key 'manifest' holds list, expected a JSON object" in r.stderr
