@@ -93,7 +93,7 @@ def _check_finite(rows: np.ndarray, what: str, ids: np.ndarray | None = None, fi
     """Raises ValueError naming the node (``ids[r]``, else ``first + r``) and column of the first
     NaN / inf or value beyond :data:`MAX_ABS` in ``rows``."""
     bad = ~np.isfinite(rows)
-    if rows.dtype.kind == "f" and np.finfo(rows.dtype).max > MAX_ABS:
+    if rows.dtype.kind == "f" and float(np.finfo(rows.dtype).max) > MAX_ABS:
         # (float16 cannot hold the bound -- 1e15 would cast to inf -- and every finite float16 is
         # below it: only non-finite values are refused there)
         bad |= np.abs(rows) > rows.dtype.type(MAX_ABS)

@@ -59,7 +59,7 @@ def cast_features(rows: np.ndarray, dtype: str, nan_policy: str, what: str, firs
                 raise InputError(f"{what}: row {first + r}: non-finite feature value {v} in column {c} "
                                  "(use --nan-policy zero to store 0)")
             rows = np.where(bad, 0, rows)
-    if out_dtype == np.float16 and (rows.dtype.kind in "iu" or np.finfo(rows.dtype).max > _F16_MAX):
+    if out_dtype == np.float16 and (rows.dtype.kind in "iu" or float(np.finfo(rows.dtype).max) > _F16_MAX):
         over = np.abs(rows) > _F16_MAX
         if over.any():
             if nan_policy == "error":
