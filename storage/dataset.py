@@ -416,6 +416,18 @@ def _fault_point(name: str) -> None:
 
 
 
+def _first_outside_blocks(arr: RawArray, lo: int, hi: int, step: int) -> tuple[int, int] | None:
+    """``(position, value)`` of the first entry of a 1-D array outside ``[lo, hi)``, scanned in
+    blocks of ``step`` entries; None when every entry is inside."""
+    from ooc.kernels.verify import first_outside
+    for s in range(0, arr.shape[0], step):
+        block = arr.read(s, min(s + step, arr.shape[0]))
+        i = first_outside(block, lo, hi)
+        if i >= 0:
+            return s + int(i), int(block[i])
+    return None
+
+
 def _tool_version() -> str:
     try:
         from importlib.metadata import version
@@ -675,13 +687,9 @@ class Dataset:
             else:
                 if prev != e_total:
                     problems.append(f"{_NOT_MONOTONE}: ends at {prev}, expected E = {e_total}")
-        idx = self.raw("indices")
-        for s in range(0, idx.shape[0], step):
-            block = idx.read(s, min(s + step, idx.shape[0]))
-            i = first_outside(block, 0, n)
-            if i >= 0:
-                problems.append(f"topology/indices[{s + i}] holds node id {block[i]} outside [0, {n})")
-                break
+        hit = _first_outside_blocks(self.raw("indices"), 0, n, step)
+        if hit is not None:
+            problems.append(f"topology/indices[{hit[0]}] holds node id {hit[1]} outside [0, {n})")
         for name in ("features", "labels", "node_type"):
             rel = ARRAY_NAMES[name]
             if rel in arrays and arrays[rel]["shape"][0] != n:
@@ -689,14 +697,10 @@ class Dataset:
         rel = ARRAY_NAMES["labels"]
         c = self.num_classes
         if rel in arrays and len(arrays[rel]["shape"]) == 1 and c > 0 and not problems:
-            lab = self.raw("labels")
-            for s in range(0, lab.shape[0], step):
-                block = lab.read(s, min(s + step, lab.shape[0]))
-                i = first_outside(block, -1, c)
-                if i >= 0:
-                    problems.append(f"nodes/labels[{s + i}] is {block[i]}, outside [-1, {c}) "
-                                    f"(num_classes {c}; -1 = unlabelled)")
-                    break
+            hit = _first_outside_blocks(self.raw("labels"), -1, c, step)
+            if hit is not None:
+                problems.append(f"nodes/labels[{hit[0]}] is {hit[1]}, outside [-1, {c}) "
+                                f"(num_classes {c}; -1 = unlabelled)")
         rel = ARRAY_NAMES["edge_weight"]
         if rel in arrays and arrays[rel]["shape"][0] != self.num_edges:
             problems.append(f"{rel} has {arrays[rel]['shape'][0]} rows, expected E = {self.num_edges}")
