@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from ooc.kernels.dropout import dropout_backward, dropout_forward, keep_threshold
 from ooc.kernels.sampling import Block, SampledSubgraph
 
-__all__ = ["TorchBlock", "to_torch_blocks", "split_self_loops", "aggregate", "edge_softmax", "Dropout", "SAGEConv", "GCNConv",
+__all__ = ["TorchBlock", "to_torch_blocks", "split_self_loops", "Degrees", "degrees_with_loops", "aggregate", "edge_softmax", "Dropout", "SAGEConv", "GCNConv",
            "GATConv", "GINConv", "GNN", "build_model", "MODELS"]
 
 
@@ -92,9 +92,8 @@ class TorchBlock:
             :class:`ooc.kernels.sampling.Block`): ``sum_e w_e f(src)`` estimates the full
             neighbourhood sum.  ``None`` = ``deg_dst / sampled`` per destination (uniform sampling).
         loops: optional float32 [num_src] self-loops of each source node in the full graph (counted
-            in ``deg``), for GCN/GAT's exactly-one-self-loop rule.  ``None``: read from the block
-            (the loop edges sampled; exact whenever a node's in-edges are all in the block, as in
-            full-neighbour evaluation and inference).
+            in ``deg``), for GCN's exactly-one-self-loop normalisation ``d - loops + 1``.  ``None``:
+            unknown, degrees keep the data's loops (see :func:`split_self_loops`).
     """
 
     num_src: int
@@ -110,7 +109,8 @@ class TorchBlock:
     @staticmethod
     def from_edges(num_src: int, num_dst: int, src: list[int] | Tensor, dst: list[int] | Tensor,
                    deg_src: Tensor | None = None) -> "TorchBlock":
-        """Build a block from explicit edges (tests, full-graph use); degrees default to the block's."""
+        """Build a block from explicit edges (tests, full-graph use); degrees default to the block's,
+        loops are the block's loop edges (every in-edge of a destination is in the block)."""
         src_t = torch.as_tensor(src, dtype=torch.int64)
         dst_t = torch.as_tensor(dst, dtype=torch.int64)
         sampled = torch.bincount(dst_t, minlength=num_dst).float()
@@ -118,7 +118,11 @@ class TorchBlock:
             deg_src = torch.zeros(num_src)
             deg_src[:num_dst] = sampled
         deg_src = torch.as_tensor(deg_src, dtype=torch.float32)
-        return TorchBlock(num_src, num_dst, src_t, dst_t, deg_src, deg_src[:num_dst], sampled)
+        loops = torch.zeros(num_src)  # the destinations' loops are all in the block
+        is_loop = src_t == dst_t
+        loops.index_add_(0, dst_t[is_loop], torch.ones(int(is_loop.sum())))
+        return TorchBlock(num_src, num_dst, src_t, dst_t, deg_src, deg_src[:num_dst], sampled,
+                          loops=loops)
 
     @property
     def num_edges(self) -> int:
@@ -136,13 +140,35 @@ class TorchBlock:
                           None if lp is None else lp.to(device, non_blocking=non_blocking))
 
 
+class Degrees(np.ndarray):
+    """int64 [N] full-graph in-degrees that also carry :attr:`loops`, int32 [N] self-loops per
+    node, for GCN's exactly-one-self-loop normalisation (see :func:`degrees_with_loops`).  Arrays
+    derived from it (slices, ``astype``) are plain degrees without ``loops``."""
+
+    loops: np.ndarray | None = None
+
+    def __array_finalize__(self, obj: object) -> None:
+        self.loops = None
+
+
+def degrees_with_loops(indptr: np.ndarray, indices: np.ndarray) -> Degrees:
+    """In-degrees ``diff(indptr)`` (int64 [N]) carrying the graph's self-loop counts (one Numba
+    pass over the edges); :func:`to_torch_blocks` passes them on to the blocks."""
+    from ooc.kernels.graph import self_loop_counts
+    deg = np.diff(np.asarray(indptr)).astype(np.int64).view(Degrees)
+    deg.loops = self_loop_counts(np.asarray(indptr), indices)
+    return deg
+
+
 def to_torch_blocks(sg: SampledSubgraph, degrees: np.ndarray,
                     loops: np.ndarray | None = None) -> list[TorchBlock]:
     """Convert a :class:`SampledSubgraph` to tensors; ``degrees`` is int64 [N] full-graph in-degree,
-    ``loops`` (optional) int [N] self-loops per node (:func:`ooc.kernels.graph.self_loop_counts`;
-    lets GCN/GAT keep exactly one self-loop per node in sampled blocks too)."""
+    ``loops`` (optional; default ``degrees.loops`` of a :class:`Degrees`) int [N] self-loops per node
+    (:func:`ooc.kernels.graph.self_loop_counts`; GCN then normalises with ``d - loops + 1``)."""
     out = []
-    deg_nodes = torch.from_numpy(degrees[sg.nodes].astype(np.float32))
+    if loops is None:
+        loops = getattr(degrees, "loops", None)
+    deg_nodes = torch.from_numpy(np.asarray(degrees)[sg.nodes].astype(np.float32))
     loop_nodes = None if loops is None else torch.from_numpy(loops[sg.nodes].astype(np.float32))
     for b in sg.blocks:
         out.append(_block_tensors(b, deg_nodes, loop_nodes))
@@ -167,8 +193,11 @@ def split_self_loops(block: TorchBlock) -> tuple[Tensor, Tensor, Tensor]:
 
     Returns:
         ``(keep bool [E], loops_src float [num_src], loops_sampled float [num_dst])``: the edges
-        that are not loops; each source node's self-loops in the graph (:attr:`TorchBlock.loops`,
-        else the loop edges in the block); each destination's loop edges in the block.
+        that are not loops; each source node's self-loops in the graph (:attr:`TorchBlock.loops`);
+        each destination's loop edges in the block.  Without :attr:`TorchBlock.loops` both counts
+        are 0: a node's degree then keeps its loops, the same in every batch (a source node's loops
+        are not in the block), so results do not depend on batching; the loop edges themselves are
+        still dropped.
     """
     is_loop = block.src == block.dst
     sampled_loops = torch.zeros(block.num_dst, dtype=torch.float32, device=block.src.device)
@@ -177,9 +206,9 @@ def split_self_loops(block: TorchBlock) -> tuple[Tensor, Tensor, Tensor]:
                                  torch.ones(int(is_loop.sum()), device=block.src.device))
     if block.loops is not None:
         loops_src = block.loops
-    else:
+    else:  # unknown: degrees keep the data's loops (the same for every batch a node is in)
         loops_src = torch.zeros(block.num_src, dtype=torch.float32, device=block.src.device)
-        loops_src[: block.num_dst] = sampled_loops
+        sampled_loops = torch.zeros_like(sampled_loops)
     return ~is_loop, loops_src, sampled_loops
 
 

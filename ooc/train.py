@@ -51,7 +51,7 @@ from ooc.training.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, rng_stat
 from ooc.config import TrainConfig, evaluation_fanouts
 from ooc.features.device import build_device_cache
 from ooc.loader import Batch, BatchLoader, EpochPlan, plan_epoch
-from ooc.models import GNN, build_model
+from ooc.models import GNN, build_model, degrees_with_loops
 from ooc.storage.dataset import Dataset
 from ooc.training.rundir import guarded
 
@@ -151,7 +151,7 @@ def build_data_path(cfg: TrainConfig, ds: Dataset, topology: tuple[np.ndarray, n
         indices = ds.raw("indices").mmap()
     else:
         indptr, indices = ds.indptr, ds.indices
-    degrees = np.diff(indptr).astype(np.int64)
+    degrees = degrees_with_loops(indptr, indices)  # carries self-loop counts for GCN
     stored = ds.partition_offsets
     if stored is not None and stored.shape[0] - 1 == cfg.partitions:
         offsets = stored

@@ -65,3 +65,19 @@ def test_gat_attends_to_itself_exactly_once() -> None:
 def test_self_loop_counts() -> None:
     ip, idx = build_csc(np.array(SRC + [2]), np.array(DST + [2]), 3)
     assert self_loop_counts(ip, idx).tolist() == [1, 0, 1]
+
+
+def test_sampled_blocks_carry_the_loop_table() -> None:
+    """A batch holding only node 1: its source node 0's loop is known from the degree table, so
+    node 1's output is the same as in the full-graph block above."""
+    from ooc.kernels.sampling import sample_blocks
+    from ooc.models import degrees_with_loops, to_torch_blocks
+    ip, idx = build_csc(np.array(SRC), np.array(DST), 3)
+    deg = degrees_with_loops(ip, idx)
+    assert deg.tolist() == [3, 1, 1] and deg.loops.tolist() == [1, 0, 0]
+    sg = sample_blocks(ip, idx, np.array([1]), [-1], key=0)
+    blk = to_torch_blocks(sg, deg)[0]
+    assert blk.loops.tolist() == [0.0, 1.0]  # sources: node 1, then node 0 (one loop)
+    x = X[torch.from_numpy(sg.nodes[: blk.num_src].astype(np.int64))]
+    out = _gcn()(blk, x)
+    assert out[0, 0].item() == pytest.approx(2 / 2 + 1 / math.sqrt(6), abs=1e-6)
