@@ -134,7 +134,7 @@ def compress_dataset(path: str | Path, subspaces: int, centroids: int = 256,
 
 def _compress(path: str | Path, subspaces: int, centroids: int, sample_rows: int, iters: int,
               seed: int, overwrite: bool, progress: bool, t0: float) -> dict:
-    ds = Dataset(path)
+    ds = Dataset(path, verify="checksums")  # codes are never learnt from corrupt rows
     try:
         if not ds.has("features"):
             raise DatasetError(f"{path}: dataset has no features to compress")

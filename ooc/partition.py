@@ -780,7 +780,7 @@ def _partition(path: str | Path, num_parts: int, method: str, target: Path, same
                edge_buckets: bool, tol: float, overwrite: bool) -> tuple[Path, PartitionResult]:
     if not same:
         check_replaceable(target.absolute(), overwrite)  # before any work
-    ds = Dataset(path)
+    ds = Dataset(path, verify="checksums")  # a corrupt source is never rewritten under new checksums
     try:
         check_num_parts(ds.num_nodes, num_parts)
         if method == "metis":

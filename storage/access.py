@@ -9,21 +9,25 @@
 3. run the structural scans (:meth:`~ooc.storage.dataset.Dataset.check_structure`: indptr
    monotone from 0 to E, indices < N, labels in [-1, C), splits in range, sorted and disjoint,
    shapes of ``zarr.json`` = manifest, full-size chunk files) and refuse a dataset that fails;
-4. set the process's verification of chunks on read (``checksums``: every chunk is checked against
-   its blake2b digest the first time it is used; see :mod:`ooc.storage.verify`).
+4. open it with the verification of chunks on read asked for (``checksums``: every chunk is
+   checked against its blake2b digest the first time it is used; see :mod:`ooc.storage.verify`).
+   Other readers of the dataset in the process (the training loop's own ``Dataset``) follow the
+   process default, which :func:`verifying` sets for a block of code.
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from ooc.storage.dataset import Dataset, DatasetError
 from ooc.storage.locks import PathLock
-from ooc.storage.verify import VERIFY_MODES, set_read_verification
+from ooc.storage.verify import VERIFY_MODES, read_verification, set_read_verification
 from ooc.util.procs import remove_dead_leftovers
 
-__all__ = ["ReadAccess", "open_for_read", "remove_dataset_leftovers"]
+__all__ = ["ReadAccess", "open_for_read", "remove_dataset_leftovers", "verifying"]
 
 
 def remove_dataset_leftovers(path: str | os.PathLike) -> list[str]:
@@ -57,6 +61,17 @@ class ReadAccess:
         self.close()
 
 
+@contextmanager
+def verifying(mode: str) -> Iterator[None]:
+    """Run a block with the process's default chunk verification set to ``mode`` (restored after)."""
+    old = read_verification()
+    set_read_verification(mode)
+    try:
+        yield
+    finally:
+        set_read_verification(old)
+
+
 def open_for_read(path: str | os.PathLike, verify: str = "checksums", wait: bool | None = None,
                   purpose: str = "read") -> ReadAccess:
     """Lock, clean, verify and open the dataset at ``path`` for reading (module docstring).
@@ -84,7 +99,6 @@ def open_for_read(path: str | os.PathLike, verify: str = "checksums", wait: bool
     lock = PathLock(p, exclusive=False, wait=wait, what="dataset", purpose=purpose).acquire()
     try:
         remove_dataset_leftovers(p)
-        set_read_verification(verify)
         ds = Dataset(p, verify=verify)
         try:
             problems = ds.check_structure()

@@ -502,7 +502,7 @@ class Dataset:
         path: dataset directory.
         verify: ``checksums`` (chunks of every array from :meth:`raw` checked against the
             catalog on first use), ``structure`` or ``none``; default: the process's
-            :func:`~ooc.storage.verify.read_verification` (``checksums``).
+            :func:`~ooc.storage.verify.read_verification` (``none`` unless a command set it).
 
     Raises:
         DatasetError: not an ooc dataset (a file, no catalog, a damaged catalog or manifest), or a

@@ -1,7 +1,8 @@
 """Data verified on read: chunk checksums on first use, structural scans when a dataset is opened.
 
 Chunk checksums.  Every chunk file of a dataset has a blake2b-128 digest in the catalog
-(``checksums/<array>``).  When a dataset is read with verification ``"checksums"`` (the default),
+(``checksums/<array>``).  When a dataset is read with verification ``"checksums"`` (the default of
+``ooc train`` / ``eval`` / ``predict``, and of ``partition`` / ``compress`` for their source),
 each :class:`~ooc.storage.rawarray.RawArray` it hands out carries a :class:`ChunkVerifier`, and
 every read path -- ``RawArray.read`` / ``gather`` / ``mmap``, ``DiskRows.read_range_async`` /
 ``gather`` and ``NeighborReader.read`` (the partition buffer, row gathers and out-of-core
@@ -34,14 +35,16 @@ __all__ = ["CorruptChunkError", "ChunkVerifier", "VERIFY_MODES", "set_read_verif
 #: Verification of data on read: ``checksums`` (chunk checksums on first use and structural scans
 #: at open) or ``structure`` (structural scans at open only).
 VERIFY_MODES = ("checksums", "structure")
-_MODE = "checksums"
+_MODE = "none"
 _HASH_BLOCK = 256 << 10
 
 
 def set_read_verification(mode: str) -> None:
     """Set this process's default verification of datasets opened for reading (see
-    :data:`VERIFY_MODES`; ``"none"`` turns chunk checksums off too, for tools that verify
-    themselves).
+    :data:`VERIFY_MODES`; ``"none"``, the library default, checks no chunk).  The commands that read
+    a dataset set it for their duration: ``ooc train`` / ``eval`` / ``predict`` to their
+    ``--verify`` (``checksums`` unless told otherwise); ``partition`` and ``compress`` open their
+    source with ``checksums``.
 
     Raises:
         ValueError: unknown mode.
@@ -53,7 +56,7 @@ def set_read_verification(mode: str) -> None:
 
 
 def read_verification() -> str:
-    """This process's default verification mode (``checksums`` unless set)."""
+    """This process's default verification mode (``none`` unless set)."""
     return _MODE
 
 

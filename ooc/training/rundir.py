@@ -23,7 +23,8 @@ from pathlib import Path
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, TypeVar
 
-from ooc.storage.access import ReadAccess, open_for_read
+from ooc.storage.access import ReadAccess, open_for_read, verifying
+from ooc.storage.verify import read_verification, set_read_verification
 from ooc.storage.locks import PathLock
 from ooc.util.procs import remove_dead_leftovers
 
@@ -84,6 +85,7 @@ class RunGuard:
         self.dist = dist
         self._lock: PathLock | None = None
         self._data: ReadAccess | None = None
+        self._mode: str | None = None
 
     def __enter__(self) -> "RunGuard":
         ctl = _control(self.cfg)
@@ -110,15 +112,21 @@ class RunGuard:
                             shutil.rmtree(out / d)
             dataset = getattr(self.cfg, "dataset", "")
             if dataset:
-                self._data = open_for_read(dataset, verify=getattr(self.cfg, "verify", "checksums"),
-                                           wait=ctl.get("wait"), purpose="train on")
+                mode = getattr(self.cfg, "verify", "checksums")
+                self._data = open_for_read(dataset, verify=mode, wait=ctl.get("wait"),
+                                           purpose="train on")
                 self._data.ds.close()  # the run opens its own reader; the lock stays
+                self._mode = read_verification()
+                set_read_verification(mode)  # that reader checks chunks as asked, until the end
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._mode is not None:
+            set_read_verification(self._mode)
+            self._mode = None
         if self._data is not None:
             self._data.lock.release()
             self._data = None
@@ -184,7 +192,8 @@ def guard_inference(run: str | os.PathLike, dataset: str | None = None, verify: 
                                      f"trained on {trained_on} with width {want}; the model cannot "
                                      "run on it")
             access.ds.close()
-        yield
+        with verifying(verify):
+            yield
     finally:
         if access is not None:
             access.lock.release()

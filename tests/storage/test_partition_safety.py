@@ -82,3 +82,15 @@ def test_sigterm_during_partitioning(tmp_path: Path, point: str) -> None:
     assert _tree(ring) == before  # the dataset as it was
     assert sorted(p.name for p in tmp_path.iterdir()) == ["paused", "ring"]  # nothing half-written
     assert Dataset(ring).check_structure() == []
+
+
+def test_a_corrupt_source_is_never_rewritten(tmp_path: Path, capsys) -> None:
+    ring = _ring(tmp_path)
+    f = ring / "arrays.zarr/nodes/features/c/0/0"
+    b = bytearray(f.read_bytes())
+    b[17] ^= 0x01
+    f.write_bytes(bytes(b))
+    assert main(["partition", str(ring), "--parts", "2", "--method", "stream"]) == 2
+    err = capsys.readouterr().err
+    assert "nodes/features chunk c/0/0" in err and "fails its blake2b checksum" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ring"]

@@ -138,7 +138,7 @@ def _chunked(tmp_path: Path) -> Path:
 
 def test_readers_check_each_chunk_once_on_first_use(tmp_path: Path) -> None:
     path = _chunked(tmp_path)
-    ds = Dataset(path)
+    ds = Dataset(path, verify="checksums")
     feats = ds.features
     rows = DiskRows(feats, threads=1)
     out, _ = rows.gather(np.array([5, 300, 301]))
@@ -164,7 +164,7 @@ def test_readers_check_each_chunk_once_on_first_use(tmp_path: Path) -> None:
 def test_readers_raise_on_a_corrupt_chunk(tmp_path: Path) -> None:
     path = _chunked(tmp_path)
     _flip(path / "arrays.zarr/nodes/features/c/3/0", 100)
-    ds = Dataset(path)
+    ds = Dataset(path, verify="checksums")
     rows = DiskRows(ds.features, threads=1)
     rows.gather(np.array([0, 10]))  # chunk 0: fine
     with pytest.raises(CorruptChunkError) as e:
@@ -191,7 +191,7 @@ def test_broken_json_in_the_catalog_names_file_and_key(tmp_path: Path, planted_d
     cat.close()
     with pytest.raises(DatasetError, match=r"catalog.lmdb: key 'checksums/nodes/labels' is not valid "
                                            r"JSON"):
-        Dataset(ds).raw("labels")
+        Dataset(ds, verify="checksums").raw("labels")
     cat = Catalog(ds / "catalog.lmdb", readonly=False)
     with cat.env.begin(write=True) as txn:
         txn.put(b"manifest", b"[1, 2]")
