@@ -387,7 +387,7 @@ def _cmd_train_distributed(args: argparse.Namespace, cfg: "TrainConfig", spec: o
 def _cmd_eval(args: argparse.Namespace) -> int:
     from ooc.training.inference import eval_run
     from ooc.training.rundir import guard_inference
-    with guard_inference(args.run, args.dataset, args.verify):
+    with guard_inference(args.run, args.dataset, args.verify, weights=args.weights):
         res = eval_run(args.run, dataset=args.dataset, weights=args.weights, workdir=args.workdir,
                        progress=not args.no_progress)
     for k in sorted(k for k in res if k.startswith(("val_", "test_"))):
@@ -400,7 +400,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_predict(args: argparse.Namespace) -> int:
     from ooc.training.inference import predict_run
     from ooc.training.rundir import guard_inference
-    with guard_inference(args.run, args.dataset, args.verify):
+    with guard_inference(args.run, args.dataset, args.verify, weights=args.weights):
         res = predict_run(args.run, args.out, what=args.what, dataset=args.dataset,
                           weights=args.weights, workdir=args.workdir, progress=not args.no_progress)
     for name, shape in res["arrays"].items():

@@ -26,7 +26,7 @@ import torch
 from ooc.util.files import fsync_dir
 
 __all__ = ["save_checkpoint", "load_checkpoint", "rng_state", "set_rng_state", "CHECKPOINT_FORMAT",
-           "CheckpointError", "content_digest", "previous_path", "DIGEST_KEY"]
+           "CheckpointError", "content_digest", "previous_path", "DIGEST_KEY", "check_weights_file"]
 
 CHECKPOINT_FORMAT = 1
 
@@ -216,3 +216,34 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", fallback
             raise CheckpointError(f"{e}; the previous checkpoint is unusable too: {e2}") from None
         print(f"ooc: warning: {e}; using the previous checkpoint {prev}", file=sys.stderr)
         return obj
+
+
+def check_weights_file(path: str | os.PathLike) -> None:
+    """Check a plain ``state_dict`` file (``RUN/model.pt``) before it is used: it loads with
+    ``torch.load(weights_only=True)``, every zip member passes its CRC-32, and it holds a mapping of
+    tensors.
+
+    Raises:
+        FileNotFoundError: no such file.
+        CheckpointError: empty, truncated, corrupt, crafted or not a state_dict (the file named).
+    """
+    import zipfile
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: no such weights file")
+    if p.stat().st_size == 0:
+        raise CheckpointError(f"{p}: weights file is empty (0 bytes)")
+    try:
+        with zipfile.ZipFile(p) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, OSError) as e:
+        raise CheckpointError(f"{p}: not a readable weights file: truncated or corrupt ({e})") from None
+    if bad is not None:
+        raise CheckpointError(f"{p}: corrupt weights file (member {bad} fails its CRC)")
+    try:
+        obj = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"{p}: not a readable weights file ({type(e).__name__}: "
+                              f"{str(e).split('. ')[0].splitlines()[0] if str(e) else ''})") from None
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise CheckpointError(f"{p}: not a state_dict of tensors")

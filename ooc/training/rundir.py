@@ -150,17 +150,19 @@ def guarded(train_fn: F) -> F:
 
 @contextmanager
 def guard_inference(run: str | os.PathLike, dataset: str | None = None, verify: str = "checksums",
-                    wait: bool | None = None) -> Iterator[None]:
+                    wait: bool | None = None, weights: str = "best") -> Iterator[None]:
     """What ``ooc eval`` / ``ooc predict`` hold while they run: the run directory's shared lock
     (a run still training holds it exclusively), the dataset opened by
     :func:`~ooc.storage.access.open_for_read` (shared lock, structural scans, chunk checksums),
-    and a check that ``--dataset`` has the feature width the run was trained on.
+    a check that ``--dataset`` has the feature width the run was trained on, and the weights
+    (``model.pt`` for ``weights="best"``; the checkpoint's checksum is checked when it is loaded).
 
     Raises:
         FileNotFoundError: ``run`` is not a run directory (no ``config.yaml``).
         LockError: the run is still being written, or the dataset is.
         DatasetError: the dataset fails its checks.
-        ValueError: ``dataset``'s features differ in width from the run's dataset.
+        ValueError: ``dataset``'s features differ in width from the run's dataset; ``model.pt``
+            is corrupt (:class:`~ooc.training.checkpoint.CheckpointError`).
     """
     from ooc.config import ConfigError, load_yaml
     from ooc.storage.dataset import Dataset, DatasetError
@@ -176,6 +178,9 @@ def guard_inference(run: str | os.PathLike, dataset: str | None = None, verify: 
     lock = run_lock(r, exclusive=False, wait=wait, purpose="evaluate")
     access = None
     try:
+        if weights == "best" and (r / "model.pt").exists():
+            from ooc.training.checkpoint import check_weights_file
+            check_weights_file(r / "model.pt")
         target = dataset or trained_on
         if target:
             access = open_for_read(target, verify=verify, wait=wait, purpose="evaluate on")

@@ -53,3 +53,17 @@ def test_eval_refuses_a_run_being_written(tmp_path: Path, capsys) -> None:
     assert main(["predict", str(run), "--out", str(tmp_path / "p.npy"), "--no-progress"]) == 0
     assert np.load(tmp_path / "p.npy").shape == (4,)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "held", "p.npy", "run"]
+
+
+def test_eval_with_corrupt_best_weights_is_a_clean_error(tmp_path: Path, capsys) -> None:
+    ds = small_dataset(tmp_path / "ds", 4, [0, 1, 2, 3], [1, 2, 3, 0])
+    run = tmp_path / "run"
+    assert main(["train", str(ds), "--fanout", "2", "--epochs", "1", "--partitions", "1",
+                 "--buffer-partitions", "1", "--output-dir", str(run), "--no-progress"]) == 0
+    w = run / "model.pt"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    capsys.readouterr()
+    assert main(["eval", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{w}: not a readable weights file" in err and "Traceback" not in err
+    assert main(["eval", str(run), "--weights", "last", "--no-progress"]) == 0  # the checkpoint
