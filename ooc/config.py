@@ -123,6 +123,10 @@ class TrainConfig:
                        "into one request (O_DIRECT; 0 = only rows on the same or adjacent pages)")
     shared_buffer: bool = _opt(True, "data", "data-parallel runs: local ranks share one partition "
                                "buffer per machine through shared memory (local rank 0 does the I/O)")
+    verify: str = _opt("checksums", "data", "verification of the dataset on read: checksums "
+                       "(structural scans when the run starts, and every chunk checked against its "
+                       "blake2b checksum the first time it is read) or structure (the scans only)",
+                       choices=("checksums", "structure"))
     device_cache: str = _opt("", "data", "per-device hot-feature cache size, e.g. 8GB (empty = none; "
                              "on CPU a separate tensor tier)")
     device_cache_policy: str = _opt("degree", "data", "what the device cache holds: degree (highest "
@@ -235,8 +239,12 @@ class TrainConfig:
         for name, text in (("config.yaml", self.to_yaml()),
                            ("config.json", json.dumps(self.to_dict(), indent=2, sort_keys=True))):
             tmp = d / f".{name}.tmp-{os.getpid()}"
-            tmp.write_text(text)
-            os.replace(tmp, d / name)
+            try:
+                tmp.write_text(text)
+                os.replace(tmp, d / name)
+            finally:  # a failed write (disk full) leaves no empty temporary behind
+                if tmp.exists():
+                    tmp.unlink()
 
     # ------------------------------------------------------------------ updates
     @classmethod
@@ -297,8 +305,10 @@ class TrainConfig:
                 raise ConfigError(f"--set {a!r}: expected KEY=VALUE")
             k, v = a.split("=", 1)
             try:
-                val = yaml.safe_load(v) if v.strip() else ""
-            except yaml.YAMLError:
+                val = safe_yaml(v, f"--set {a}") if v.strip() else ""
+            except ConfigError as e:
+                if "alias" in str(e):
+                    raise
                 val = v
             self.update({k.strip(): val}, source=f"--set {a}")
         return self
@@ -400,22 +410,61 @@ def validate_data_options(cfg: "TrainConfig") -> None:
     check_sampler(cfg.sampler, cfg.mode, cfg.topology, cfg.task)
 
 
+#: Most YAML aliases (``*name``) a configuration may use: a few are handy, thousands are an alias
+#: bomb (nested lists of aliases that expand to billions of items).
+MAX_YAML_ALIASES = 100
+#: Longest configuration file read (bytes).
+MAX_YAML_BYTES = 1 << 20
+
+
+def safe_yaml(text: str, source: str) -> Any:
+    """``yaml.safe_load`` of ``text`` with aliases bounded (:data:`MAX_YAML_ALIASES`), so an alias
+    bomb is refused while it is parsed, before anything expands.
+
+    Raises:
+        ConfigError: not valid YAML, or too many aliases (naming ``source``).
+    """
+    import yaml
+
+    class _Loader(yaml.SafeLoader):
+        aliases = 0
+
+        def compose_node(self, parent, index):  # type: ignore[override]
+            if self.check_event(yaml.AliasEvent):
+                _Loader.aliases += 1
+                if _Loader.aliases > MAX_YAML_ALIASES:
+                    mark = self.peek_event().start_mark
+                    raise ConfigError(f"{source}: more than {MAX_YAML_ALIASES} YAML aliases (line "
+                                      f"{mark.line + 1}): refusing what looks like an alias bomb")
+            return super().compose_node(parent, index)
+
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{source}: not valid YAML: {e}") from None
+
+
 def load_yaml(path: str | Path) -> dict:
     """Read a YAML configuration file (``yaml.safe_load``); an empty file is ``{}``.
 
     Raises:
         FileNotFoundError: no such file.  ConfigError: not YAML or not a mapping.
     """
-    import yaml
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{p}: is a directory, not a config file")
     try:
-        text = p.read_text()
+        with open(p, "rb") as f:
+            raw = f.read(MAX_YAML_BYTES + 1)
     except FileNotFoundError:
         raise FileNotFoundError(f"{p}: no such config file") from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise ConfigError(f"{p}: larger than {MAX_YAML_BYTES:,} bytes; not a run configuration")
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+        text = raw.decode("utf-8-sig")  # a byte-order mark is dropped
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not UTF-8 text ({e})") from None
+    data = safe_yaml(text, str(p))
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -425,7 +474,11 @@ def load_yaml(path: str | Path) -> dict:
 
 def _coerce(name: str, tp: Any, v: Any, source: str) -> Any:
     def bad() -> ConfigError:
-        return ConfigError(f"{source}: {name} expects {getattr(tp, '__name__', tp)}, got {v!r}")
+        import reprlib
+        r = reprlib.Repr()  # bounded: never expands a huge (aliased) value
+        r.maxlevel, r.maxlist, r.maxtuple, r.maxdict, r.maxstring, r.maxother = 2, 6, 6, 6, 80, 80
+        shown = r.repr(v)
+        return ConfigError(f"{source}: {name} expects {getattr(tp, '__name__', tp)}, got {shown}")
 
     if tp is bool:
         if isinstance(v, bool):
@@ -460,9 +513,15 @@ def _coerce(name: str, tp: Any, v: Any, source: str) -> Any:
             raise bad()
         return str(v)
     if typing.get_origin(tp) is list:
-        try:
-            if name == "fanouts" or (name == "eval_fanouts" and v not in ("", [], None)):
+        if isinstance(v, (list, tuple)) and any(isinstance(x, (list, tuple, dict)) for x in v):
+            # nested lists (an alias bomb's shape) are never a list of integers
+            raise ConfigError(f"{source}: {name} expects a flat list of integers, got nested lists")
+        if name == "fanouts" or (name == "eval_fanouts" and v not in ("", [], None)):
+            try:
                 return parse_fanouts(v)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"{source}: {name}: {e}") from None
+        try:
             if isinstance(v, str):
                 v = [x for x in v.strip("[]").split(",") if x.strip()]
             if not isinstance(v, (list, tuple)):

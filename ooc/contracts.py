@@ -46,12 +46,15 @@ class Graph:
             disk through ``reader`` (``--topology disk``).
         degrees: int64 [N] in-degrees (GCN normalisation, sum scaling).
         reader: page-aligned reader of neighbour lists (``indices`` is None).
+        loops: int32 [N] self-loops of every node (GCN / GAT keep exactly one per node); None:
+            unknown (degrees then keep the data's loops).
     """
 
     indptr: np.ndarray
     indices: np.ndarray | None
     degrees: np.ndarray
     reader: "NeighborReader | None" = None
+    loops: np.ndarray | None = None
 
     @property
     def num_nodes(self) -> int:

@@ -340,6 +340,7 @@ def run_planetoid_table(shared: Path, workdir: Path, names: list[str], seeds: in
     from ooc.compress import compress_dataset
     from ooc.ingest.convert import convert_planetoid
     from ooc.training.loop import train
+    from ooc.training.rundir import set_run_control
     rows = []
     for name in names:
         ds = convert_planetoid(shared / name / "planetoid", name, workdir / name, overwrite=True)
@@ -356,7 +357,7 @@ def run_planetoid_table(shared: Path, workdir: Path, names: list[str], seeds: in
                                   seed=s, mode=mode.removesuffix("-pq"),
                                   miss_features="pq" if mode == "hybrid-pq" else "disk",
                                   eval_every=eval_every, progress=False)
-                m = train(cfg)
+                m = train(set_run_control(cfg, overwrite=True))  # reruns replace their runs
                 accs.append(m["test_acc"])
                 hits.append(m["buffer_hit_ratio"])
             runs[(mode, c)] = (accs, hits)

@@ -49,6 +49,7 @@ def _graph_options(args: argparse.Namespace) -> "GraphOptions":
         num_nodes=args.num_nodes, ids=args.ids, one_based=args.one_based, undirected=args.undirected,
         self_loops=args.self_loops, dedup=args.dedup, feat_dtype=args.feat_dtype,
         nan_policy=args.nan_policy, memory_budget=args.memory_budget, partitions=args.partitions,
+        num_classes=args.num_classes,
         node_types=parse_node_types(args.node_types) if args.node_types else [],
         src_type=args.src_type, dst_type=args.dst_type, progress=args.progress, name=args.name,
         split_random=parse_fractions(args.split_random) if args.split_random else None,
@@ -134,6 +135,8 @@ def _add_graph_args(p: argparse.ArgumentParser, node_files: bool = True) -> None
     p.add_argument("--name", help="dataset name (default: the input's name)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
     p.add_argument("--num-nodes", type=_count, help="declared node count N (ids must be below it)")
+    p.add_argument("--num-classes", type=_count,
+                   help="declared class count C: labels in [-1, C) (default: labels dense 0..C-1)")
     p.add_argument("--ids", choices=["dense", "map", "string", "typed"], default="dense",
                    help="dense: ids are 0..N-1; map: sparse 64-bit ids renumbered in order; "
                         "string: any token; typed: per-type ids (--node-types)")
@@ -156,6 +159,7 @@ def _add_graph_args(p: argparse.ArgumentParser, node_files: bool = True) -> None
     p.add_argument("--stratify", action="store_true",
                    help="with --split-random: keep each class's share in every split")
     p.add_argument("--split-seed", type=int, default=0, help="seed of --split-random (default 0)")
+    p.add_argument("--wait", action="store_true", help="wait for a process using --out")
     if node_files:
         p.add_argument("--labels", help="labels: text table (id, label: integers, true/false or "
                                         "class names) or .npy [N]")
@@ -281,7 +285,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     from ooc.storage.dataset import Dataset
-    ds = Dataset(args.dataset)
+    ds = Dataset(args.dataset, verify="none")  # every problem listed: chunks re-hashed below
     problems = ds.check_structure()
     if not args.structure_only:
         problems += ds.verify_checksums()
@@ -349,8 +353,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     import copy
 
     from ooc.training.loop import train
+    from ooc.training.rundir import set_run_control
     from ooc.util.files import write_json_atomic
-    base = _train_config(args)
+    base = set_run_control(_train_config(args), overwrite=args.overwrite, wait=args.wait)
     from ooc.distributed.launch import launch_spec_from_args
     spec = launch_spec_from_args(args, base)  # --devices / --nnodes / torchrun: data-parallel
     if spec is not None:
@@ -421,9 +426,11 @@ def _cmd_train_distributed(args: argparse.Namespace, cfg: "TrainConfig", spec: o
 
 # ---------------------------------------------------------------- eval / predict
 def _cmd_eval(args: argparse.Namespace) -> int:
+    from ooc.training.rundir import guard_inference
     from ooc.training.runs import eval_run
-    res = eval_run(args.run, dataset=args.dataset, weights=args.weights, workdir=args.workdir,
-                   progress=not args.no_progress)
+    with guard_inference(args.run, args.dataset, args.verify, weights=args.weights):
+        res = eval_run(args.run, dataset=args.dataset, weights=args.weights, workdir=args.workdir,
+                       progress=not args.no_progress)
     for k in sorted(k for k in res if k.startswith(("val_", "test_"))):
         print(f"{k:<16} {res[k]:.4f}")
     print(f"exact layer-wise inference over all nodes in {res['time_s']:.1f} s; "
@@ -432,9 +439,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
+    from ooc.training.rundir import guard_inference
     from ooc.training.runs import predict_run
-    res = predict_run(args.run, args.out, what=args.what, dataset=args.dataset, weights=args.weights,
-                      workdir=args.workdir, progress=not args.no_progress)
+    with guard_inference(args.run, args.dataset, args.verify, weights=args.weights):
+        res = predict_run(args.run, args.out, what=args.what, dataset=args.dataset,
+                          weights=args.weights, workdir=args.workdir, progress=not args.no_progress)
     for name, shape in res["arrays"].items():
         print(f"{name:<10} {tuple(shape)}")
     print(f"wrote {res['out']} (rows in original node id order)")
@@ -476,6 +485,10 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                    help="override one option, e.g. --set model.hidden=256 (repeatable; wins over flags)")
     p.add_argument("--resume", metavar="RUN",
                    help="continue RUN from RUN/checkpoint.pt with RUN/config.yaml (bit-identical on CPU)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run in --output-dir if it holds one (default: refuse)")
+    p.add_argument("--wait", action="store_true",
+                   help="wait for a process holding the run directory or writing the dataset")
     p.add_argument("--repeat", type=int, default=1,
                    help="train N times with seeds seed..seed+N-1 and report mean +- std; {seed} / {i} "
                         "in the dataset path are replaced per run")
@@ -532,6 +545,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", required=True, help="dataset directory to write")
     pl.add_argument("--feat-dtype", choices=["float32", "float16"], default="float32")
     pl.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+    pl.add_argument("--wait", action="store_true", help="wait for a process using --out")
     pl.set_defaults(func=_cmd_convert_planetoid)
 
     el = csub.add_parser("edgelist", help="text edge list (SNAP, CSV/TSV, Matrix Market body; .gz ok)",
@@ -625,6 +639,7 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("--memory-budget", default="2GB")
     rm.add_argument("--partitions", type=int)
     rm.add_argument("--progress", action="store_true")
+    rm.add_argument("--wait", action="store_true", help="wait for a process using --out")
     rm.set_defaults(func=_cmd_generate_rmat)
 
     bench = sub.add_parser("bench", help="benchmarks")
@@ -676,6 +691,9 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--workdir", help="folder for the per-layer Zarr arrays (default RUN/inference, "
                                          "removed afterwards)")
         q.add_argument("--no-progress", action="store_true")
+        q.add_argument("--verify", choices=["checksums", "structure"], default="checksums",
+                       help="dataset checks: structural scans, and chunk checksums on first read")
+        q.add_argument("--wait", action="store_true", help="wait for a process writing the run or dataset")
 
     ev = sub.add_parser("eval", help="exact layer-wise inference of a trained run; validation/test scores",
                         description="Full-neighbour inference over the whole graph, layer by layer, out "
@@ -803,11 +821,15 @@ def main(argv: list[str] | None = None) -> int:
     from ooc.config import ConfigError
     from ooc.storage.dataset import DatasetError
     from ooc.ingest.planetoid import PlanetoidError
+    from ooc.storage.locks import set_lock_wait
+    from ooc.util.signals import Terminated, stop_on_signals
+    set_lock_wait(getattr(args, "wait", False))
     try:
         if args.command in _FIRST_RUN:
             from ooc.util.jit import first_run_notice
             first_run_notice(*_FIRST_RUN[args.command])
-        rc = int(args.func(args) or 0)
+        with stop_on_signals(command=f"ooc {args.command}"):
+            rc = int(args.func(args) or 0)
         sys.stdout.flush()  # inside the try: a reader that left shows here, not at interpreter exit
         return rc
     except BrokenPipeError:  # `ooc info DS | head`: the reader left; stop quietly, as a pipe tool does
@@ -819,8 +841,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ooc {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"ooc {args.command}: interrupted", file=sys.stderr)
+        print(f"ooc {args.command}: interrupted; partial output removed", file=sys.stderr)
         return 130
+    except Terminated as e:
+        print(f"ooc {args.command}: {e}; partial output removed", file=sys.stderr)
+        return 128 + e.signum
 
 
 if __name__ == "__main__":  # pragma: no cover

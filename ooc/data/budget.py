@@ -257,7 +257,7 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
     indptr = ds.indptr
     part_edges = indptr[offsets[1:]] - indptr[offsets[:-1]]
     lw = max(int(local_world), 1)
-    topo = 8 * (n + 1) + 8 * n  # indptr + degrees
+    topo = 8 * (n + 1) + 8 * n + 4 * n  # indptr, degrees, self-loop counts
     if topology_edges is not None:
         topo += 8 * int(topology_edges)
         e = int(topology_edges)

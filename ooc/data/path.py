@@ -46,6 +46,7 @@ from ooc.data.resident import ResidentGraph
 from ooc.data.shared import shared_array
 from ooc.features.cache import CachedFeature
 from ooc.features.tiers import MissRows
+from ooc.kernels.graph import self_loop_counts
 from ooc.kernels.partition import contiguous_partitions
 from ooc.kernels.rng import batch_key
 from ooc.kernels.sampling import MiniBatch, excluded_edge_keys
@@ -105,7 +106,7 @@ class DataPath:
         self.sampler = sampler
         self.readers = readers
         self.rss = rss
-        self.resident = ResidentGraph(buffer, graph.indptr, graph.indices) \
+        self.resident = ResidentGraph(buffer, graph.indptr, graph.indices, graph.loops) \
             if cfg.mode == "buffer" else None
         self._state_sampler: tuple[tuple | None, Sampler | None] = (None, None)
         self.loader = Loader(buffer, budget.prefetch)
@@ -258,7 +259,7 @@ class DataPath:
             if exclude is not None:
                 ex = excluded_edge_keys(rg.to_local(exclude[0]), rg.to_local(exclude[1]))
             mb = smp.sample(rg.to_local(seeds), key, exclude=ex)  # type: ignore[union-attr]
-            blocks = to_torch_blocks(mb, rg.degrees)
+            blocks = to_torch_blocks(mb, rg.degrees, rg.loops)
             t1 = time.perf_counter()
             local_in = mb.input_nodes
             x, split = self._inputs(mb, rg.local_to_global[local_in], rg.to_slot_local(local_in), None)
@@ -266,7 +267,7 @@ class DataPath:
         else:
             ex = None if exclude is None else excluded_edge_keys(exclude[0], exclude[1])
             mb = self.sampler.sample(seeds, key, exclude=ex)
-            blocks = to_torch_blocks(mb, self.graph.degrees)
+            blocks = to_torch_blocks(mb, self.graph.degrees, self.graph.loops)
             t1 = time.perf_counter()
             af = mb.blocks[0].num_dst if (approx and self.pq is not None and state >= 0
                                           and mb.blocks) else None
@@ -324,7 +325,7 @@ class DataPath:
         """An evaluation batch: exact rows, keyed by ``batch_key(seed, -1, index)``."""
         t0 = time.perf_counter()
         mb = sampler.sample(seeds, batch_key(self.cfg.seed, -1, index))
-        blocks = to_torch_blocks(mb, self.graph.degrees)
+        blocks = to_torch_blocks(mb, self.graph.degrees, self.graph.loops)
         t1 = time.perf_counter()
         x, split = self._inputs(mb, None, None, None)
         y = torch.from_numpy(np.asarray(self.labels[mb.seeds]).astype(np.int64))
@@ -478,7 +479,29 @@ def _topology(cfg: "TrainConfig", ds: Dataset, job: Job,
         readers.append(reader)
     degrees = shared_array(job, "degrees", (indptr.shape[0] - 1,), np.int64,
                            lambda o: np.subtract(indptr[1:], indptr[:-1], out=o))
-    return Graph(indptr, indices, degrees, reader), readers
+    loops = shared_array(job, "loops", (indptr.shape[0] - 1,), np.int32,
+                         lambda o: _loop_counts(indptr, indices, ds, o))
+    return Graph(indptr, indices, degrees, reader, loops), readers
+
+
+def _loop_counts(indptr: np.ndarray, indices: np.ndarray | None, ds: Dataset, out: np.ndarray,
+                 block_edges: int = 1 << 24) -> None:
+    """Self-loops of every node into ``out`` (int32 [N]): one pass over the edges, in node blocks
+    of about ``block_edges`` edges read from disk when ``indices`` is not in memory."""
+    if indices is not None:
+        out[:] = self_loop_counts(indptr, indices)
+        return
+    raw = ds.raw("indices")
+    n = indptr.shape[0] - 1
+    a = 0
+    while a < n:
+        b = int(np.searchsorted(indptr, indptr[a] + block_edges, side="right")) - 1
+        b = min(max(b, a + 1), n)
+        ea, eb = int(indptr[a]), int(indptr[b])
+        ip = indptr[a:b + 1] - ea
+        idx = raw.read(ea, eb) if eb > ea else np.empty(0, dtype=raw.dtype)
+        out[a:b] = self_loop_counts(ip, idx, a)
+        a = b
 
 
 def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,

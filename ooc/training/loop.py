@@ -50,6 +50,7 @@ from ooc.contracts import Job, SingleProcess, Task
 from ooc.data.budget import RssMonitor
 from ooc.models import GNN, build_model
 from ooc.storage.dataset import Dataset
+from ooc.training.rundir import guarded
 from ooc.training.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from ooc.util.files import read_jsonl, temp_sibling, write_json_atomic, write_jsonl_atomic
 from ooc.util.progress import progress as progress_bar
@@ -234,7 +235,7 @@ RESUMABLE_CHANGES = frozenset({
     "io_depth", "io_gap",
     "prefetch", "eval_batch_size", "patience", "eval_every", "eval_mode", "eval_fanouts",
     "buffer_partitions",
-    "topology"})
+    "topology", "verify"})
 
 
 def _check_resume_config(saved: dict, now: dict) -> None:
@@ -247,6 +248,7 @@ def _check_resume_config(saved: dict, now: dict) -> None:
 
 
 # ====================================================================== the loop
+@guarded
 def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None = None,
           job: Job | None = None) -> dict:
     """Train as configured; see the module docstring for the run directory.
