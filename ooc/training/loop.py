@@ -52,7 +52,7 @@ from ooc.models import GNN, build_model
 from ooc.storage.dataset import Dataset
 from ooc.training.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from ooc.util.files import read_jsonl, temp_sibling, write_json_atomic, write_jsonl_atomic
-from ooc.util.progress import progress
+from ooc.util.progress import progress as progress_bar
 
 __all__ = ["train", "make_task", "make_model", "seed_everything", "peak_rss_bytes", "resolve_device",
            "Interrupted", "RESUMABLE_CHANGES"]
@@ -361,7 +361,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
             "config": cfg.to_dict()}, ckpt_path)
 
     steps_per_epoch = task.steps_per_epoch
-    bar = progress(total=cfg.epochs * steps_per_epoch, initial=st.global_step, enabled=cfg.progress,
+    bar = progress_bar(total=cfg.epochs * steps_per_epoch, initial=st.global_step, enabled=cfg.progress,
                    unit="batch", desc="train")
     elapsed0 = st.elapsed_s
     try:
