@@ -91,6 +91,9 @@ class TorchBlock:
         edge_weight: optional float32 [E] importance weight of every edge (see
             :class:`ooc.kernels.sampling.Block`): ``sum_e w_e f(src)`` estimates the full
             neighbourhood sum.  ``None`` = ``deg_dst / sampled`` per destination (uniform sampling).
+        src_ids: optional int64 [num_src] global node id of every source node (the destinations'
+            are ``src_ids[:num_dst]``); the data path sets it on every block it builds (the input
+            block's ids select rows of a learnable embedding, :mod:`ooc.embedding`).
     """
 
     num_src: int
@@ -101,6 +104,7 @@ class TorchBlock:
     deg_dst: Tensor
     sampled: Tensor
     edge_weight: Tensor | None = None
+    src_ids: Tensor | None = None
 
     @staticmethod
     def from_edges(num_src: int, num_dst: int, src: list[int] | Tensor, dst: list[int] | Tensor,
@@ -123,30 +127,41 @@ class TorchBlock:
         """A copy with every tensor on ``device`` (the same object if already there)."""
         if self.src.device == torch.device(device):
             return self
-        w = self.edge_weight
+        w, ids = self.edge_weight, self.src_ids
         return TorchBlock(self.num_src, self.num_dst,
                           *(t.to(device, non_blocking=non_blocking) for t in
                             (self.src, self.dst, self.deg_src, self.deg_dst, self.sampled)),
-                          None if w is None else w.to(device, non_blocking=non_blocking))
+                          None if w is None else w.to(device, non_blocking=non_blocking),
+                          None if ids is None else ids.to(device, non_blocking=non_blocking))
 
 
-def to_torch_blocks(sg: SampledSubgraph, degrees: np.ndarray) -> list[TorchBlock]:
-    """Convert a :class:`SampledSubgraph` to tensors; ``degrees`` is int64 [N] full-graph in-degree."""
+def to_torch_blocks(sg: SampledSubgraph, degrees: np.ndarray,
+                    node_ids: np.ndarray | None = None) -> list[TorchBlock]:
+    """Convert a :class:`SampledSubgraph` to tensors.
+
+    Args:
+        sg: the sample; degrees: int64 [N] full-graph in-degree, indexed by ``sg.nodes``.
+        node_ids: int64 global ids of ``sg.nodes`` when those are local ids (a buffer state's
+            subgraph); default ``sg.nodes``.  Every block's ``src_ids`` is a prefix view of them.
+    """
     out = []
     deg_nodes = torch.from_numpy(degrees[sg.nodes].astype(np.float32))
+    ids = torch.from_numpy(np.ascontiguousarray(sg.nodes if node_ids is None else node_ids,
+                                                dtype=np.int64))
     for b in sg.blocks:
-        out.append(_block_tensors(b, deg_nodes))
+        out.append(_block_tensors(b, deg_nodes, ids))
     return out
 
 
-def _block_tensors(b: Block, deg_nodes: Tensor) -> TorchBlock:
+def _block_tensors(b: Block, deg_nodes: Tensor, ids: Tensor) -> TorchBlock:
     counts = np.diff(b.indptr)
     dst = np.repeat(np.arange(b.num_dst, dtype=np.int64), counts)
     w = getattr(b, "edge_weight", None)
     return TorchBlock(b.num_src, b.num_dst, torch.from_numpy(b.indices.astype(np.int64, copy=False)),
                       torch.from_numpy(dst), deg_nodes[: b.num_src], deg_nodes[: b.num_dst],
                       torch.from_numpy(counts.astype(np.float32)),
-                      None if w is None else torch.from_numpy(np.asarray(w, dtype=np.float32)))
+                      None if w is None else torch.from_numpy(np.asarray(w, dtype=np.float32)),
+                      ids[: b.num_src])
 
 
 def _aggregate_sum(block: TorchBlock, msg: Tensor) -> Tensor:

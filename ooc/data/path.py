@@ -292,7 +292,7 @@ class DataPath:
             if exclude is not None:
                 ex = excluded_edge_keys(rg.to_local(exclude[0]), rg.to_local(exclude[1]))
             mb = smp.sample(rg.to_local(seeds), key, exclude=ex)  # type: ignore[union-attr]
-            blocks = to_torch_blocks(mb, rg.degrees)
+            blocks = to_torch_blocks(mb, rg.degrees, rg.local_to_global[mb.nodes])
             t1 = time.perf_counter()
             local_in = mb.input_nodes
             x, split = self._inputs(mb, rg.local_to_global[local_in], rg.to_slot_local(local_in), None)
