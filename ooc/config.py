@@ -141,6 +141,9 @@ class TrainConfig:
     # model
     model: str = _opt("sage", "model", "GNN layer type", key="name",
                       choices=("sage", "gcn", "gat", "gin"))
+    embedding: int = _opt(0, "model", "learnable node embeddings of width D as model input, "
+                          "concatenated to the features (the whole input when the dataset has none); "
+                          "0 = off")
     hidden: int = _opt(64, "model", "hidden width (GAT: all heads together)")
     dropout: float = _opt(0.5, "model", "dropout on every layer's input")
     aggregator: str = _opt("mean", "model", "GraphSAGE aggregator", choices=("mean", "sum", "max"))
@@ -344,6 +347,8 @@ class TrainConfig:
         for name in ("dropout", "attn_dropout", "feat_dropout", "hybrid_mix"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.embedding < 0:
+            raise ValueError(f"embedding must be >= 0 (0 = off), got {self.embedding}")
         if self.model == "gat" and self.hidden % self.heads:
             raise ValueError(f"gat: hidden {self.hidden} must be divisible by heads {self.heads}")
         if not (0 <= self.val_frac < 1 and 0 <= self.test_frac < 1 and
