@@ -70,6 +70,8 @@ def _opt(default: Any, section: str, help: str, key: str | None = None,
         meta["choices"] = choices
     if isinstance(default, list):
         return field(default_factory=lambda d=default: list(d), metadata=meta)
+    if isinstance(default, dict):
+        return field(default_factory=lambda d=default: dict(d), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -139,8 +141,11 @@ class TrainConfig:
     clusters_per_batch: int = _opt(4, "sampler", "ClusterGCN: clusters per batch")
     walk_length: int = _opt(2, "sampler", "GraphSAINT: random-walk length (--batch-size roots per batch)")
     # model
-    model: str = _opt("sage", "model", "GNN layer type", key="name",
-                      choices=("sage", "gcn", "gat", "gin"))
+    model: str = _opt("sage", "model", "GNN layer type: sage, gcn, gat, gin, or MODULE:CLASS, a torch "
+                      "module of yours imported from an importable module (README: Your own model)",
+                      key="name")
+    model_options: dict = _opt({}, "model", "MODULE:CLASS models: extra keyword arguments of the "
+                               "constructor, a YAML mapping such as '{heads: 4}'", key="options")
     embedding: int = _opt(0, "model", "learnable node embeddings of width D as model input, "
                           "concatenated to the features (the whole input when the dataset has none); "
                           "0 = off")
@@ -349,6 +354,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.embedding < 0:
             raise ValueError(f"embedding must be >= 0 (0 = off), got {self.embedding}")
+        from ooc.interop.custom import check_model_config
+        check_model_config(self)
         if self.model == "gat" and self.hidden % self.heads:
             raise ValueError(f"gat: hidden {self.hidden} must be divisible by heads {self.heads}")
         if not (0 <= self.val_frac < 1 and 0 <= self.test_frac < 1 and
@@ -428,6 +435,18 @@ def _coerce(name: str, tp: Any, v: Any, source: str) -> Any:
         if isinstance(v, (dict, list)):
             raise bad()
         return str(v)
+    if tp is dict:
+        if isinstance(v, str):
+            import yaml
+            try:
+                v = yaml.safe_load(v) if v.strip() else {}
+            except yaml.YAMLError:
+                raise bad() from None
+        if v is None:
+            return {}
+        if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+            raise bad()
+        return dict(v)
     if typing.get_origin(tp) is list:
         try:
             if name == "fanouts" or (name == "eval_fanouts" and v not in ("", [], None)):

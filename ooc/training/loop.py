@@ -116,19 +116,26 @@ def make_task(cfg: TrainConfig, ds: Dataset, job: Job | None = None, rss: RssMon
 
 
 def make_model(cfg: TrainConfig, in_dim: int, out_dim: int, num_nodes: int = 0) -> torch.nn.Module:
-    """The :class:`~ooc.models.GNN` a configuration describes (``len(fanouts)`` layers); with
+    """The model a configuration describes (``len(fanouts)`` layers): a built-in
+    :class:`~ooc.models.GNN`, or the user's ``MODULE:CLASS`` (:mod:`ooc.interop.custom`); with
     ``cfg.embedding`` = D wrapped in :class:`ooc.embedding.NodeEmbeddingInput`, whose table of
     ``num_nodes`` rows extends the ``in_dim`` feature columns to ``in_dim + D``.
 
     Raises:
-        ValueError: ``cfg.embedding`` without ``num_nodes``.
+        ValueError: a user's class that does not fit the contract (naming what is missing), or
+            ``cfg.embedding`` without ``num_nodes``.
     """
-    model: torch.nn.Module = build_model(
-        cfg.model, in_dim + cfg.embedding, cfg.hidden, out_dim, len(cfg.fanouts), cfg.dropout,
-        aggregator=cfg.aggregator, heads=cfg.heads, out_heads=cfg.out_heads,
-        attn_dropout=cfg.attn_dropout, residual=cfg.residual, norm=cfg.norm,
-        activation=cfg.activation, gin_eps=cfg.gin_eps, gin_train_eps=cfg.gin_train_eps,
-        feat_dropout=cfg.feat_dropout, dropout_per_head=cfg.dropout_per_head)
+    from ooc.interop.custom import build_custom_model, is_custom
+    width = in_dim + cfg.embedding
+    if is_custom(cfg.model):
+        model: torch.nn.Module = build_custom_model(cfg, width, out_dim)
+    else:
+        model = build_model(cfg.model, width, cfg.hidden, out_dim, len(cfg.fanouts), cfg.dropout,
+                            aggregator=cfg.aggregator, heads=cfg.heads, out_heads=cfg.out_heads,
+                            attn_dropout=cfg.attn_dropout, residual=cfg.residual, norm=cfg.norm,
+                            activation=cfg.activation, gin_eps=cfg.gin_eps,
+                            gin_train_eps=cfg.gin_train_eps, feat_dropout=cfg.feat_dropout,
+                            dropout_per_head=cfg.dropout_per_head)
     if not cfg.embedding:
         return model
     if num_nodes < 1:
@@ -314,7 +321,8 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
         torch.set_num_threads(cfg.threads)
     # RSS baseline of the runtime, before any data (the budget excludes it); before seeding, so the
     # warm-up step does not move the random streams of the run
-    rss = warm_up_runtime(cfg.model, len(cfg.fanouts))
+    from ooc.interop.custom import is_custom
+    rss = warm_up_runtime("sage" if is_custom(cfg.model) else cfg.model, len(cfg.fanouts))
     rss.start_sampling()
     seed_everything(cfg.seed)
     device = job.device

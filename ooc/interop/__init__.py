@@ -1,0 +1,1 @@
+"""ooc with code from outside ooc: a user's torch module as the model (:mod:`ooc.interop.custom`)."""
