@@ -278,6 +278,7 @@ class Task(Protocol):
         model (``val_acc``, ``val_mrr``); test_key: its test counterpart; metric: reported name.
         out_dim: the model's output width; data: the run's :class:`ooc.data.path.DataPath`.
         steps_per_epoch: optimiser steps of every epoch (the same on every rank).
+        info: facts the run's ``metrics.json`` records (e.g. ``{"ogb": {"dataset", "metric"}}``).
     """
 
     name: str
@@ -286,6 +287,7 @@ class Task(Protocol):
     metric: str
     out_dim: int
     data: Any
+    info: dict
 
     @property
     def steps_per_epoch(self) -> int: ...

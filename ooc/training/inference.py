@@ -207,6 +207,9 @@ def evaluate_node_layerwise(model: GNN, task: "NodeTask", device: torch.device |
     val_logits = torch.from_numpy(np.ascontiguousarray(logits.gather(task.val_ids)))
     s, n = node_loss_sum(val_logits, torch.from_numpy(np.asarray(labels[task.val_ids])), task.multilabel)
     res["val_loss"] = s / max(n, 1)
+    if task.ogb is not None:  # OGB's Evaluator on the same logits (datasets converted from OGB)
+        res.update(task.ogb_scores(*(task.ogb.compact(torch.from_numpy(np.ascontiguousarray(
+            logits.gather(ids)))) for ids in (task.val_ids, task.test_ids))))
     logits.close()
     return res
 

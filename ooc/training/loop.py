@@ -548,6 +548,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
         "history": history,
     }
     metrics.update(summary)
+    metrics.update(task.info)
     ch, cm = t.get("cache_hits", 0), t.get("cache_misses", 0)
     metrics.update(cache_hits=ch, cache_misses=cm, cache_hit_ratio=ch / max(ch + cm, 1),
                    swaps=t.get("swaps", 0), approx_rows=t.get("approx_rows", 0))
