@@ -17,7 +17,13 @@ from ooc.interop.ogb import ogb_dataset_name, ogb_scorer
 from ooc.storage.dataset import Dataset
 from ooc.tools.cli import main
 
-pytest.importorskip("ogb.nodeproppred", reason="ogb not installed (pip install 'ooc-gnn[ogb]')")
+
+
+@pytest.fixture()
+def evaluator() -> type:
+    """OGB's ``Evaluator`` class; the tests that need it skip without the package."""
+    return pytest.importorskip("ogb.nodeproppred", reason="ogb not installed (pip install "
+                               "'ooc-gnn[ogb]')").Evaluator
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +38,7 @@ def _train(ds: Path, out: Path, *extra: str) -> list[str]:
             "16", "--partitions", "2", "--no-progress", "--output-dir", str(out), *extra]
 
 
-def test_ogb_name_and_metric_come_from_the_dataset_and_the_evaluator(arxiv_like: Path,
+def test_ogb_name_and_metric_come_from_the_dataset_and_the_evaluator(evaluator, arxiv_like: Path,
                                                                       planted_dataset: Path) -> None:
     ds = Dataset(arxiv_like)
     assert ds.manifest["source_format"] == "ogb" and ogb_dataset_name(ds) == "ogbn-arxiv"
@@ -46,17 +52,16 @@ def test_ogb_name_and_metric_come_from_the_dataset_and_the_evaluator(arxiv_like:
     assert ogb_scorer(Dataset(planted_dataset)) == (None, {})        # not converted from OGB
 
 
-def test_rocauc_for_proteins_gets_the_logits() -> None:
-    from ogb.nodeproppred import Evaluator
+def test_rocauc_for_proteins_gets_the_logits(evaluator) -> None:
     from ooc.interop.ogb import OgbScorer
-    s = OgbScorer("ogbn-proteins", "rocauc", Evaluator("ogbn-proteins"))
+    s = OgbScorer("ogbn-proteins", "rocauc", evaluator("ogbn-proteins"))
     # per task: positives scored 0.4 and 0.8, negatives 0.1 and 0.5 -> 3 of 4 pairs ordered
     y = np.tile(np.array([[0], [1], [0], [1]]), (1, 112))
     scores = torch.tensor([0.1, 0.4, 0.5, 0.8]).unsqueeze(1).repeat(1, 112)
     assert s.score(y, s.compact(scores)) == pytest.approx(0.75)
 
 
-def test_train_reports_ogb_acc_equal_to_ooc_accuracy(arxiv_like: Path, tmp_path: Path,
+def test_train_reports_ogb_acc_equal_to_ooc_accuracy(evaluator, arxiv_like: Path, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture) -> None:
     run = tmp_path / "run"
     assert main(_train(arxiv_like, run)) == 0

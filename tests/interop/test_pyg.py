@@ -4,6 +4,7 @@ SAGE layers, and Cora accuracy of ``examples/pyg_sage.py`` against ooc's own SAG
 from __future__ import annotations
 
 import re
+from types import ModuleType
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,14 @@ import torch
 from ooc.interop.pyg import PygStack, pyg_adjs, to_pyg
 from ooc.models import SAGEConv as OocSAGE, TorchBlock
 
-pyg_nn = pytest.importorskip("torch_geometric.nn", reason="torch_geometric not installed "
-                             "(pip install 'ooc-gnn[pyg]')")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture()
+def pyg_nn() -> ModuleType:
+    """``torch_geometric.nn``; the tests that need it skip without it."""
+    return pytest.importorskip("torch_geometric.nn", reason="torch_geometric not installed "
+                               "(pip install 'ooc-gnn[pyg]')")
 
 
 def test_blocks_become_bipartite_edge_index_and_size() -> None:
@@ -24,7 +30,7 @@ def test_blocks_become_bipartite_edge_index_and_size() -> None:
     assert adj.size == (4, 2) and adj.edge_weight is None
 
 
-def test_pyg_sage_equals_ooc_sage_with_the_same_weights() -> None:
+def test_pyg_sage_equals_ooc_sage_with_the_same_weights(pyg_nn) -> None:
     torch.manual_seed(0)
     # destination 0 has sources 2, 3; destination 1 has 0 (itself) and 3; destination 2 none
     b = TorchBlock.from_edges(5, 3, [2, 3, 0, 3], [0, 0, 1, 1])
@@ -70,7 +76,7 @@ def test_to_pyg_on_a_data_path_batch(planted_dataset: Path, tmp_path: Path) -> N
         task.close()
 
 
-def test_example_reaches_ooc_sage_accuracy_on_cora(cora_dataset: Path, tmp_path: Path,
+def test_example_reaches_ooc_sage_accuracy_on_cora(pyg_nn, cora_dataset: Path, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture) -> None:
     from ooc.config import TrainConfig
@@ -91,7 +97,7 @@ def test_example_reaches_ooc_sage_accuracy_on_cora(cora_dataset: Path, tmp_path:
     assert acc >= 0.75 and ours["test_acc"] >= 0.75, (acc, ours["test_acc"])
 
 
-def test_the_example_class_trains_under_ooc_train(planted_dataset: Path, tmp_path: Path,
+def test_the_example_class_trains_under_ooc_train(pyg_nn, planted_dataset: Path, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """``ooc train --model pyg_sage:SAGE`` (examples/ on PYTHONPATH): the loop, layer-wise
     evaluation and ``ooc eval`` run PyG's layers through PygStack."""
