@@ -73,6 +73,8 @@ def _opt(default: Any, section: str, help: str, key: str | None = None,
         meta["choices"] = choices
     if isinstance(default, list):
         return field(default_factory=lambda d=default: list(d), metadata=meta)
+    if isinstance(default, dict):
+        return field(default_factory=lambda d=default: dict(d), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -146,8 +148,14 @@ class TrainConfig:
     clusters_per_batch: int = _opt(4, "sampler", "ClusterGCN: clusters per batch")
     walk_length: int = _opt(2, "sampler", "GraphSAINT: random-walk length (--batch-size roots per batch)")
     # model
-    model: str = _opt("sage", "model", "GNN layer type", key="name",
-                      choices=("sage", "gcn", "gat", "gin"))
+    model: str = _opt("sage", "model", "GNN layer type: sage, gcn, gat, gin, or MODULE:CLASS, a torch "
+                      "module of yours imported from an importable module (README: Your own model)",
+                      key="name")
+    model_options: dict = _opt({}, "model", "MODULE:CLASS models: extra keyword arguments of the "
+                               "constructor, a YAML mapping such as '{heads: 4}'", key="options")
+    embedding: int = _opt(0, "model", "learnable node embeddings of width D as model input, "
+                          "concatenated to the features (the whole input when the dataset has none); "
+                          "0 = off")
     hidden: int = _opt(64, "model", "hidden width (GAT: all heads together)")
     dropout: float = _opt(0.5, "model", "dropout on every layer's input")
     aggregator: str = _opt("mean", "model", "GraphSAGE aggregator", choices=("mean", "sum", "max"))
@@ -357,6 +365,10 @@ class TrainConfig:
         for name in ("dropout", "attn_dropout", "feat_dropout", "hybrid_mix"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.embedding < 0:
+            raise ValueError(f"embedding must be >= 0 (0 = off), got {self.embedding}")
+        from ooc.interop.custom import check_model_config
+        check_model_config(self)
         if self.model == "gat" and self.hidden % self.heads:
             raise ValueError(f"gat: hidden {self.hidden} must be divisible by heads {self.heads}")
         if not (0 <= self.val_frac < 1 and 0 <= self.test_frac < 1 and
@@ -512,6 +524,18 @@ def _coerce(name: str, tp: Any, v: Any, source: str) -> Any:
         if isinstance(v, (dict, list)):
             raise bad()
         return str(v)
+    if tp is dict:
+        if isinstance(v, str):
+            import yaml
+            try:
+                v = yaml.safe_load(v) if v.strip() else {}
+            except yaml.YAMLError:
+                raise bad() from None
+        if v is None:
+            return {}
+        if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+            raise bad()
+        return dict(v)
     if typing.get_origin(tp) is list:
         if isinstance(v, (list, tuple)) and any(isinstance(x, (list, tuple, dict)) for x in v):
             # nested lists (an alias bomb's shape) are never a list of integers

@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["layerwise_inference", "LayerOutput", "write_rows_in_original_order", "IN_MEMORY_LIMIT"]
 
-log = logging.getLogger("ooc.training.inference")
+log = logging.getLogger("ooc.inference")
 
 #: Layers smaller than this are kept in memory when no output folder is given.
 IN_MEMORY_LIMIT = 1 << 30

@@ -94,6 +94,9 @@ class TorchBlock:
         loops: optional float32 [num_src] self-loops of each source node in the full graph (counted
             in ``deg``), for GCN's exactly-one-self-loop normalisation ``d - loops + 1``.  ``None``:
             unknown, degrees keep the data's loops (see :func:`split_self_loops`).
+        src_ids: optional int64 [num_src] global node id of every source node (the destinations'
+            are ``src_ids[:num_dst]``); the data path sets it on every block it builds (the input
+            block's ids select rows of a learnable embedding, :mod:`ooc.embedding`).
     """
 
     num_src: int
@@ -105,6 +108,7 @@ class TorchBlock:
     sampled: Tensor
     edge_weight: Tensor | None = None
     loops: Tensor | None = None
+    src_ids: Tensor | None = None
 
     @staticmethod
     def from_edges(num_src: int, num_dst: int, src: list[int] | Tensor, dst: list[int] | Tensor,
@@ -132,28 +136,37 @@ class TorchBlock:
         """A copy with every tensor on ``device`` (the same object if already there)."""
         if self.src.device == torch.device(device):
             return self
-        w, lp = self.edge_weight, self.loops
+        w, lp, ids = self.edge_weight, self.loops, self.src_ids
         return TorchBlock(self.num_src, self.num_dst,
                           *(t.to(device, non_blocking=non_blocking) for t in
                             (self.src, self.dst, self.deg_src, self.deg_dst, self.sampled)),
                           None if w is None else w.to(device, non_blocking=non_blocking),
-                          None if lp is None else lp.to(device, non_blocking=non_blocking))
+                          None if lp is None else lp.to(device, non_blocking=non_blocking),
+                          None if ids is None else ids.to(device, non_blocking=non_blocking))
 
 
-def to_torch_blocks(sg: SampledSubgraph, degrees: np.ndarray,
-                    loops: np.ndarray | None = None) -> list[TorchBlock]:
-    """Convert a :class:`SampledSubgraph` to tensors; ``degrees`` is int64 [N] full-graph in-degree,
-    ``loops`` (optional) int [N] self-loops per node (:func:`ooc.kernels.graph.self_loop_counts`;
-    GCN then normalises with ``d - loops + 1``; ``None``: degrees keep the data's loops)."""
+def to_torch_blocks(sg: SampledSubgraph, degrees: np.ndarray, loops: np.ndarray | None = None,
+                    node_ids: np.ndarray | None = None) -> list[TorchBlock]:
+    """Convert a :class:`SampledSubgraph` to tensors.
+
+    Args:
+        sg: the sample; degrees: int64 [N] full-graph in-degree, indexed by ``sg.nodes``.
+        loops: int [N] self-loops per node (:func:`ooc.kernels.graph.self_loop_counts`; GCN then
+            normalises with ``d - loops + 1``); ``None``: degrees keep the data's loops.
+        node_ids: int64 global ids of ``sg.nodes`` when those are local ids (a buffer state's
+            subgraph); default ``sg.nodes``.  Every block's ``src_ids`` is a prefix view of them.
+    """
     out = []
     deg_nodes = torch.from_numpy(np.asarray(degrees)[sg.nodes].astype(np.float32))
     loop_nodes = None if loops is None else torch.from_numpy(loops[sg.nodes].astype(np.float32))
+    ids = torch.from_numpy(np.ascontiguousarray(sg.nodes if node_ids is None else node_ids,
+                                                dtype=np.int64))
     for b in sg.blocks:
-        out.append(_block_tensors(b, deg_nodes, loop_nodes))
+        out.append(_block_tensors(b, deg_nodes, loop_nodes, ids))
     return out
 
 
-def _block_tensors(b: Block, deg_nodes: Tensor, loop_nodes: Tensor | None = None) -> TorchBlock:
+def _block_tensors(b: Block, deg_nodes: Tensor, loop_nodes: Tensor | None, ids: Tensor) -> TorchBlock:
     counts = np.diff(b.indptr)
     dst = np.repeat(np.arange(b.num_dst, dtype=np.int64), counts)
     w = getattr(b, "edge_weight", None)
@@ -161,7 +174,8 @@ def _block_tensors(b: Block, deg_nodes: Tensor, loop_nodes: Tensor | None = None
                       torch.from_numpy(dst), deg_nodes[: b.num_src], deg_nodes[: b.num_dst],
                       torch.from_numpy(counts.astype(np.float32)),
                       None if w is None else torch.from_numpy(np.asarray(w, dtype=np.float32)),
-                      None if loop_nodes is None else loop_nodes[: b.num_src])
+                      None if loop_nodes is None else loop_nodes[: b.num_src],
+                      ids[: b.num_src])
 
 
 def split_self_loops(block: TorchBlock) -> tuple[Tensor, Tensor, Tensor]:

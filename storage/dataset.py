@@ -547,6 +547,9 @@ class Dataset:
 
     @property
     def feat_dim(self) -> int:
+        """Feature width D; 0 when the dataset has no ``nodes/features``."""
+        if not self.has("features"):
+            return 0
         shape = self.manifest["arrays"][ARRAY_NAMES["features"]]["shape"]
         return int(shape[1]) if len(shape) > 1 else 1
 

@@ -332,6 +332,13 @@ def _print_summary(m: dict) -> None:
         name = "micro-F1" if m.get("metric") == "micro_f1" else "accuracy"
         print(f"test {name} {m['test_acc']:.4f} (best validation {m['val_acc']:.4f} at epoch "
               f"{m['best_epoch']})")
+        ogb = m.get("ogb") or {}
+        for k in sorted(k for k in m if k.startswith("test_ogb_")):
+            v = "val" + k[4:]
+            print(f"test ogb {k[9:]:<5} {m[k]:.4f} (OGB's {ogb.get('dataset')} Evaluator"
+                  + (f"; validation {m[v]:.4f}" if v in m else "") + ")")
+        if ogb.get("note"):
+            print(f"note          {ogb['note']}")
     if m["epoch_time_s"]:
         print(f"epoch time    {sum(m['epoch_time_s']) / len(m['epoch_time_s']):.2f} s mean over "
               f"{len(m['epoch_time_s'])} epochs" + (" (early stop)" if m.get("stopped_early") else ""))

@@ -44,8 +44,9 @@ from ooc.data.ordering import node_swap_lower_bound
 from ooc.data.plan import plan_bucket_states, plan_cluster_states, plan_exact, plan_own, plan_states
 from ooc.data.resident import ResidentGraph
 from ooc.data.shared import shared_array
+from ooc.embedding import embedding_bytes
 from ooc.features.cache import CachedFeature
-from ooc.features.tiers import MissRows
+from ooc.features.tiers import MissRows, NoFeatures
 from ooc.kernels.graph import self_loop_counts
 from ooc.kernels.partition import contiguous_partitions
 from ooc.kernels.rng import batch_key
@@ -259,7 +260,7 @@ class DataPath:
             if exclude is not None:
                 ex = excluded_edge_keys(rg.to_local(exclude[0]), rg.to_local(exclude[1]))
             mb = smp.sample(rg.to_local(seeds), key, exclude=ex)  # type: ignore[union-attr]
-            blocks = to_torch_blocks(mb, rg.degrees, rg.loops)
+            blocks = to_torch_blocks(mb, rg.degrees, rg.loops, rg.local_to_global[mb.nodes])
             t1 = time.perf_counter()
             local_in = mb.input_nodes
             x, split = self._inputs(mb, rg.local_to_global[local_in], rg.to_slot_local(local_in), None)
@@ -434,7 +435,7 @@ class DataPath:
         b = self.buffer
         return {"mode": self.cfg.mode, "buffer_bytes": b.nbytes, "buffer_alloc_bytes": b.alloc_bytes,
                 "cache_bytes": self.cache.nbytes if self.cache is not None else 0,
-                "dataset_feature_bytes": self.ds.features.nbytes,
+                "dataset_feature_bytes": int(self.buffer.features.nbytes),
                 "budget": self.budget.as_dict(), "rss_baseline_bytes": self.rss.baseline,
                 "direct_io": bool(self.cfg.direct_io), "num_parts": self.budget.num_parts,
                 "resident_partitions": self.budget.state_slots,
@@ -504,6 +505,24 @@ def _loop_counts(indptr: np.ndarray, indices: np.ndarray | None, ds: Dataset, ou
         a = b
 
 
+def _check_featureless(cfg: "TrainConfig", ds: Dataset) -> None:
+    """A dataset without ``nodes/features`` trains on learnable node embeddings only.
+
+    Raises:
+        ValueError: no ``--embedding``, or an option that needs stored feature rows.
+    """
+    if not cfg.embedding:
+        raise ValueError(f"{ds.path}: the dataset has no node features (no array nodes/features); "
+                         "train learnable node embeddings as the input with --embedding D (e.g. "
+                         "--embedding 64, config model.embedding), or convert it again with "
+                         "--features structural")
+    for opt, on in (("--device-cache", bool(cfg.device_cache)),
+                    ("--miss-features pq", cfg.miss_features == "pq")):
+        if on:
+            raise ValueError(f"{opt}: {ds.path} has no node features to cache or compress "
+                             "(its input is the --embedding table)")
+
+
 def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
                     rss: RssMonitor | None = None, task: str = "node",
                     topology: tuple[np.ndarray, np.ndarray] | None = None,
@@ -527,6 +546,9 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
     cfg.validate()
     job = job or SingleProcess()
     rss = rss or RssMonitor()
+    has_feats = ds.has("features")
+    if not has_feats:
+        _check_featureless(cfg, ds)
     offsets = _offsets(cfg, ds)
     budget_bytes = parse_bytes(cfg.memory_budget) if cfg.memory_budget else None
     cache_size = parse_bytes(cfg.cache_size) if cfg.cache_size else None
@@ -539,8 +561,17 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
     # a device cache kept in host memory (CPU runs) is host memory of every rank
     host_cache = parse_bytes(cfg.device_cache) if cfg.device_cache and job.device.type == "cpu" else 0
     host_cache += 4 * ds.num_nodes if cfg.device_cache else 0  # node -> row map
+    # a node-embedding table trained on the CPU is host memory of every rank (its replica)
+    emb = embedding_bytes(ds.num_nodes, cfg.embedding, cfg.optimizer) \
+        if cfg.embedding and job.device.type == "cpu" else 0
+    if cfg.embedding and not emb:
+        log.info("node embeddings %d x %d on %s: %s of device memory with %s (not host memory)",
+                 ds.num_nodes, cfg.embedding, job.device,
+                 format_bytes(embedding_bytes(ds.num_nodes, cfg.embedding, cfg.optimizer)),
+                 cfg.optimizer)
     kw: dict[str, Any] = dict(local_world=job.local_world_size, share=cfg.shared_buffer,
                               per_rank_extra=host_cache, min_state=2 if task == "link" else 1,
+                              embedding=emb, embedding_dim=cfg.embedding,
                               topology_edges=int(topology[1].shape[0]) if topology is not None else None)
     args = (cfg.mode, budget_bytes, ds, offsets, cfg.topology, cfg.batch_size, cfg.fanouts,
             cfg.prefetch, cfg.hidden, cfg.buffer_partitions, cache_size, cfg.cache_policy,
@@ -559,11 +590,13 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
                  cfg.prefetch, plan.prefetch)
     graph, readers = _topology(cfg, ds, job, topology)
     labels = ds.labels if ds.has("labels") else np.zeros(ds.num_nodes, dtype=np.int32)
-    feats = DiskRows(ds.features, direct=cfg.direct_io, threads=max(1, min(8, cfg.io_depth)),
-                     gap=cfg.io_gap if cfg.direct_io else 0, aio_depth=max(1, cfg.io_depth))
+    feats: "DiskRows | NoFeatures" = NoFeatures(ds.num_nodes)
+    if has_feats:
+        feats = DiskRows(ds.features, direct=cfg.direct_io, threads=max(1, min(8, cfg.io_depth)),
+                         gap=cfg.io_gap if cfg.direct_io else 0, aio_depth=max(1, cfg.io_depth))
     cache = None
     rows_each = plan.cache_rows // max(job.local_world_size, 1)  # the ranks split the cache
-    if rows_each > 0 and cfg.cache_policy != "none":
+    if rows_each > 0 and cfg.cache_policy != "none" and has_feats:
         cache = CachedFeature(feats, rows_each, cfg.cache_policy)
     misses = MissRows(feats, cache, approx)
     topo_rows = None

@@ -48,7 +48,7 @@ import torch
 from ooc.config import TrainConfig
 from ooc.contracts import Job, SingleProcess, Task
 from ooc.data.budget import RssMonitor
-from ooc.models import GNN, build_model
+from ooc.models import build_model
 from ooc.storage.dataset import Dataset
 from ooc.training.rundir import guarded
 from ooc.training.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -116,17 +116,36 @@ def make_task(cfg: TrainConfig, ds: Dataset, job: Job | None = None, rss: RssMon
     return NodeTask(cfg, ds, job, rss)
 
 
-def make_model(cfg: TrainConfig, in_dim: int, out_dim: int) -> GNN:
-    """The :class:`~ooc.models.GNN` a configuration describes (``len(fanouts)`` layers)."""
-    return build_model(cfg.model, in_dim, cfg.hidden, out_dim, len(cfg.fanouts), cfg.dropout,
-                       aggregator=cfg.aggregator, heads=cfg.heads, out_heads=cfg.out_heads,
-                       attn_dropout=cfg.attn_dropout, residual=cfg.residual, norm=cfg.norm,
-                       activation=cfg.activation, gin_eps=cfg.gin_eps,
-                       gin_train_eps=cfg.gin_train_eps, feat_dropout=cfg.feat_dropout,
-                       dropout_per_head=cfg.dropout_per_head)
+def make_model(cfg: TrainConfig, in_dim: int, out_dim: int, num_nodes: int = 0) -> torch.nn.Module:
+    """The model a configuration describes (``len(fanouts)`` layers): a built-in
+    :class:`~ooc.models.GNN`, or the user's ``MODULE:CLASS`` (:mod:`ooc.interop.custom`); with
+    ``cfg.embedding`` = D wrapped in :class:`ooc.embedding.NodeEmbeddingInput`, whose table of
+    ``num_nodes`` rows extends the ``in_dim`` feature columns to ``in_dim + D``.
+
+    Raises:
+        ValueError: a user's class that does not fit the contract (naming what is missing), or
+            ``cfg.embedding`` without ``num_nodes``.
+    """
+    from ooc.interop.custom import build_custom_model, is_custom
+    width = in_dim + cfg.embedding
+    if is_custom(cfg.model):
+        model: torch.nn.Module = build_custom_model(cfg, width, out_dim)
+    else:
+        model = build_model(cfg.model, width, cfg.hidden, out_dim, len(cfg.fanouts), cfg.dropout,
+                            aggregator=cfg.aggregator, heads=cfg.heads, out_heads=cfg.out_heads,
+                            attn_dropout=cfg.attn_dropout, residual=cfg.residual, norm=cfg.norm,
+                            activation=cfg.activation, gin_eps=cfg.gin_eps,
+                            gin_train_eps=cfg.gin_train_eps, feat_dropout=cfg.feat_dropout,
+                            dropout_per_head=cfg.dropout_per_head)
+    if not cfg.embedding:
+        return model
+    if num_nodes < 1:
+        raise ValueError("--embedding needs the number of nodes (make_model(..., num_nodes=N))")
+    from ooc.embedding import NodeEmbeddingInput
+    return NodeEmbeddingInput(model, num_nodes, cfg.embedding, in_dim)
 
 
-def _make_optimizer(cfg: TrainConfig, model: GNN) -> torch.optim.Optimizer:
+def _make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     params: Any = model.parameters()
     if cfg.weight_decay_scope == "first" and cfg.weight_decay:
         first = list(model.layers[0].parameters())
@@ -304,7 +323,8 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
         torch.set_num_threads(cfg.threads)
     # RSS baseline of the runtime, before any data (the budget excludes it); before seeding, so the
     # warm-up step does not move the random streams of the run
-    rss = warm_up_runtime(cfg.model, len(cfg.fanouts))
+    from ooc.interop.custom import is_custom
+    rss = warm_up_runtime("sage" if is_custom(cfg.model) else cfg.model, len(cfg.fanouts))
     rss.start_sampling()
     seed_everything(cfg.seed)
     device = job.device
@@ -315,7 +335,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
 
     ds = Dataset(cfg.dataset)
     task = make_task(cfg, ds, job, rss)
-    model = make_model(cfg, ds.feat_dim, task.out_dim)
+    model = make_model(cfg, ds.feat_dim, task.out_dim, ds.num_nodes)
     task.prepare_model(model)
     model.to(device)
     net = job.wrap_model(model, cfg.seed)  # DDP under data parallelism: trains `model`
@@ -530,6 +550,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
         "history": history,
     }
     metrics.update(summary)
+    metrics.update(task.info)
     ch, cm = t.get("cache_hits", 0), t.get("cache_misses", 0)
     metrics.update(cache_hits=ch, cache_misses=cm, cache_hit_ratio=ch / max(ch + cm, 1),
                    swaps=t.get("swaps", 0), approx_rows=t.get("approx_rows", 0))

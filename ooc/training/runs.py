@@ -66,7 +66,10 @@ def load_run(run: str | os.PathLike, dataset: str | None = None,
     device = resolve_device(cfg.device)
     ds = Dataset(cfg.dataset)
     task = make_task(cfg, ds)
-    model = make_model(cfg, ds.feat_dim, task.out_dim)
+    model = make_model(cfg, ds.feat_dim, task.out_dim, ds.num_nodes)
+    from ooc.interop.custom import is_custom, require_layerwise
+    if is_custom(cfg.model):
+        require_layerwise(model, cfg.model, "ooc eval / ooc predict (layer-wise inference)")
     task.prepare_model(model)
     model.load_state_dict(state)
     model.to(device).eval()
