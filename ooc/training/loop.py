@@ -437,8 +437,8 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
                     if t_done - last_flush > STEPS_FLUSH_S:
                         steps_f.flush()
                         last_flush = t_done
-                    bar.update(1)
-                    bar.set_postfix(epoch=epoch, loss=f"{lv:.4f}", **data.postfix())
+                    bar.set_postfix(epoch=epoch, loss=f"{lv:.4f}", **data.postfix(), refresh=False)
+                    bar.update(1)  # draws the bar (a line at most every 10 s off a terminal)
                     if cfg.checkpoint_every and st.global_step % cfg.checkpoint_every == 0 \
                             and st.step < len(plan.batches):
                         checkpoint()
