@@ -2,8 +2,8 @@
 # Set up ooc from a clean clone: a virtual environment in .venv, torch, then the project and its test
 # extras. torch comes from the index pip is configured with: on PyPI (Linux x86-64) that is the CUDA
 # build; TORCH_INDEX_URL picks another, e.g. https://download.pytorch.org/whl/cpu for the CPU-only build.
-# A .venv that already imports torch keeps it. OOC_EXTRAS picks the extras (default test; e.g.
-# test,pyg,ogb for the PyG and OGB interop). Idempotent: a second run only re-checks the installs.
+# A .venv that already imports torch keeps it. OOC_EXTRAS picks the extras (default test, which
+# includes PyG and OGB so their interop is tested). Idempotent: a second run only re-checks the installs.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
