@@ -88,7 +88,9 @@ class TrainConfig:
 
     # data path
     dataset: str = _opt("", "data", "dataset directory written by `ooc convert`")
-    partitions: int = _opt(4, "data", "node partitions (contiguous id ranges unless stored)")
+    partitions: int = _opt(0, "data", "node partitions: 0 = the dataset's stored partitions (ooc "
+                           "partition), else 4; P = the stored ones when P of them are stored, else P "
+                           "contiguous id ranges")
     buffer_partitions: int = _opt(2, "data", "feature partitions resident in host memory")
     io_threads: int = _opt(1, "data", "background partition loaders")
     prefetch: int = _opt(2, "data", "batches built ahead (0 = synchronous)")
@@ -348,7 +350,9 @@ class TrainConfig:
             if len(self.eval_fanouts) != len(self.fanouts):
                 raise ValueError(f"eval_fanouts {self.eval_fanouts} must have one entry per layer "
                                  f"({len(self.fanouts)}, as fanouts {self.fanouts})")
-        for name in ("batch_size", "eval_batch_size", "epochs", "partitions", "buffer_partitions",
+        if self.partitions < 0:
+            raise ValueError(f"partitions must be >= 0 (0: the dataset's), got {self.partitions}")
+        for name in ("batch_size", "eval_batch_size", "epochs", "buffer_partitions",
                      "hidden", "eval_every", "heads", "out_heads", "eval_candidates", "layer_size",
                      "num_clusters", "clusters_per_batch"):
             if getattr(self, name) < 1:
@@ -359,7 +363,7 @@ class TrainConfig:
                      "io_gap"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.buffer_partitions > self.partitions:
+        if self.partitions and self.buffer_partitions > self.partitions:
             raise ValueError(f"--buffer-partitions {self.buffer_partitions} exceeds --partitions "
                              f"{self.partitions}")
         for name in ("dropout", "attn_dropout", "feat_dropout", "hybrid_mix"):

@@ -342,18 +342,33 @@ def _print_summary(m: dict) -> None:
     if m["epoch_time_s"]:
         print(f"epoch time    {sum(m['epoch_time_s']) / len(m['epoch_time_s']):.2f} s mean over "
               f"{len(m['epoch_time_s'])} epochs" + (" (early stop)" if m.get("stopped_early") else ""))
-    print(f"I/O           {_human(m['bytes_read'])} read, buffer hit ratio {m['buffer_hit_ratio']:.3f}, "
-          f"{m['row_misses']:,} feature rows read from disk")
+    approx = int(m.get("approx_rows", 0))
+    outside = int(m["row_misses"])
+    print(f"I/O           {_human(m['bytes_read'])} read, buffer hit ratio {m['buffer_hit_ratio']:.3f}; "
+          f"{outside:,} feature rows not in the partition buffer (cache hit ratio "
+          f"{m.get('cache_hit_ratio', 0.0):.3f}" + (f", {approx:,} decoded from PQ codes" if approx else "")
+          + ", the rest read from disk)")
+    hist = m.get("history") or [{}]
+    machine = max((h.get("machine_data_peak_bytes", 0) for h in hist), default=0)
+    ranks = (m.get("distributed") or {}).get("world_size", 1)
     print(f"memory        buffer {_human(m['buffer_bytes'])} of {_human(m['dataset_feature_bytes'])} "
-          f"features; peak RSS {_human(m['peak_rss_bytes'])}")
-    if "mode" in m:
-        b = m["budget"]
-        print(f"engine        mode {m['mode']}, {b['slots']} of {b['num_parts']} partitions resident, "
-              f"swaps {m['swaps']}, cache hit ratio {m['cache_hit_ratio']:.3f} "
-              f"({_human(m['cache_bytes'])}), runtime overhead {_human(m['rss_baseline_bytes'])}")
-        if m.get("miss_features") == "pq":
-            print(f"pq            {m['approx_rows']:,} outer-hop rows decoded from PQ codes instead of "
-                  f"read ({_human(b.get('compressed', 0))} of codes in the budget)")
+          f"features; peak RSS {_human(m['peak_rss_bytes'])}" + (" (rank 0)" if ranks > 1 else "")
+          + f"; machine data peak {_human(machine)} over the runtime")
+    b = m["budget"]
+    budget = f"budget {_human(b['budget'])} planned {_human(b['planned'])}" if b.get("budget") else \
+        "no budget"
+    lowered = f", prefetch lowered to {b['prefetch']} to fit" if b.get("budget") and \
+        b.get("prefetch", 0) < m["config"].get("prefetch", 0) else ""
+    print(f"data path     mode {m['mode']}, {budget}{lowered}; {b['slots']} partition slots of "
+          f"{b['num_parts']} ({b['state_slots']} resident per state), swaps {m['swaps']}, cache "
+          f"{_human(m['cache_bytes'])}, runtime overhead {_human(m['rss_baseline_bytes'])}")
+    if m.get("miss_features") == "pq":
+        print(f"pq            {approx:,} outer-hop rows decoded from PQ codes instead of "
+              f"read ({_human(b.get('compressed', 0))} of codes in the budget)")
+    if m.get("device_cache_rows"):
+        print(f"device cache  {m['device_cache_rows']:,} rows ({_human(m['device_cache_bytes'])}, "
+              f"{m['device_cache_policy']}) on {m['device_cache_device']}, hit ratio "
+              f"{m['device_cache_hit_ratio']:.3f}")
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -408,14 +423,32 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_machine_budget(cfg: "TrainConfig", spec: object) -> None:
+    """Plan one machine's budget for its local ranks (as every rank will): a budget too small is
+    refused here, with its reason, instead of in every rank."""
+    from ooc.data.path import partition_offsets, plan_machine
+    from ooc.storage.dataset import Dataset
+    ds = Dataset(cfg.dataset)
+    try:
+        devices = spec.devices  # type: ignore[attr-defined]
+        kind = "cuda" if str(devices[0]).startswith("cuda") else "cpu"
+        plan_machine(cfg, ds, partition_offsets(cfg, ds), len(devices), kind, cfg.task,
+                     ds.num_edges if cfg.task == "link" else None)
+    finally:
+        ds.close()
+
+
 def _cmd_train_distributed(args: argparse.Namespace, cfg: "TrainConfig", spec: object) -> int:
     """``ooc train`` with ``--devices`` / ``--nnodes``, or one rank of a torchrun job."""
     import json
 
     from ooc.distributed.launch import run_cli
     if args.repeat > 1:
-        raise ValueError("--repeat is not supported with --devices / --nnodes / torchrun")
+        raise ValueError("--repeat is not supported with --devices / --nnodes / torchrun; run one "
+                         "job per seed (--seed S --output-dir RUN/seedS)")
     cfg.validate()
+    if spec != "torchrun":  # the launcher: refuse a budget too small before starting any process
+        _check_machine_budget(cfg, spec)
     rc = run_cli(cfg, bool(args.resume), spec if spec != "torchrun" else None)
     metrics = Path(cfg.output_dir) / "metrics.json"
     if rc == 0 and spec != "torchrun" and getattr(spec, "node_rank", 0) == 0 and metrics.exists():
@@ -714,8 +747,9 @@ def build_parser() -> argparse.ArgumentParser:
     run_args(pr)
     pr.add_argument("--out", required=True, help="preds.npy (one array, see --what) or preds.zarr "
                                                  "(group: pred, logits, embedding)")
-    pr.add_argument("--what", choices=["pred", "logits", "embedding"], default="pred",
-                    help="the array written to a .npy file (default: pred)")
+    pr.add_argument("--what", choices=["pred", "logits", "embedding"], default=None,
+                    help="the array written to a .npy file (default: pred; embedding for a "
+                         "link-prediction run)")
     pr.set_defaults(func=_cmd_predict)
 
     rep = sub.add_parser("report", help="loss/accuracy curves, I/O-stall timeline (PNG), summary table",

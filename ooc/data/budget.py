@@ -309,10 +309,17 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
             stage = staging(depth)
         avail = budget - fixed - lw * stage
         if avail < slots_cost(need_slots):
+            tr = _staging_bytes(n, e / max(n, 1), row_bytes, ds.feat_dim, batch_size, fanouts, depth,
+                                hidden, 0, None, float_copy)
+            ev = _staging_bytes(n, e / max(n, 1), row_bytes, ds.feat_dim, 0, fanouts, depth, hidden,
+                                eval_batch_size, eval_fanouts, float_copy)
+            which = (f" (the larger of training batches {format_bytes(tr)}: --batch-size, --fanout, "
+                     f"--prefetch; and evaluation batches {format_bytes(ev)}: --eval-batch-size, "
+                     "--eval-fanout; a batch's neighbourhood is at most the whole graph)")
             raise ValueError(
                 f"memory budget {format_bytes(budget)} too small"
                 + (f" for {lw} local ranks" if lw > 1 else "") + f": topology {format_bytes(topo)}, "
-                f"node arrays {format_bytes(nodes)}, batches in flight {format_bytes(stage)}, "
+                f"node arrays {format_bytes(nodes)}, batches in flight {format_bytes(stage)}{which}, "
                 f"sampler scratch {format_bytes(scratch)}"
                 + (" per rank" if lw > 1 else "")
                 + (f", PQ codes {format_bytes(compressed)}" if compressed else "")

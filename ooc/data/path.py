@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -62,17 +62,23 @@ if TYPE_CHECKING:  # pragma: no cover
     from ooc.features.device import DeviceFeatureCache
     from ooc.features.pq import CompressedRows
 
-__all__ = ["DataPath", "build_data_path"]
+__all__ = ["DataPath", "build_data_path", "plan_machine", "partition_offsets"]
 
 log = logging.getLogger("ooc.data")
 
-def _offsets(cfg: "TrainConfig", ds: Dataset) -> np.ndarray:
-    """The dataset's stored ``partitions/offsets`` when their count equals ``cfg.partitions`` (or
-    ``cfg.partitions`` is 0), else ``cfg.partitions`` contiguous ranges."""
+def partition_offsets(cfg: "TrainConfig", ds: Dataset) -> np.ndarray:
+    """int64 [P+1]: the dataset's stored ``partitions/offsets`` when ``cfg.partitions`` is 0 or
+    their count; else ``cfg.partitions`` contiguous id ranges (0 and none stored: 4, at most N) --
+    with a warning when that replaces stored partitions."""
     stored = ds.partition_offsets
-    if stored is not None and (cfg.partitions == stored.shape[0] - 1 or cfg.partitions == 0):
+    p = int(cfg.partitions)
+    if stored is not None and p in (0, stored.shape[0] - 1):
         return stored
-    return contiguous_partitions(ds.num_nodes, cfg.partitions or 1)
+    if stored is not None:
+        log.warning("%s holds %d stored partitions (ooc partition); --partitions %d splits its ids "
+                    "into %d contiguous ranges instead (omit --partitions to use the stored ones)",
+                    ds.path, stored.shape[0] - 1, p, p)
+    return contiguous_partitions(ds.num_nodes, p or min(4, ds.num_nodes))
 
 
 class DataPath:
@@ -316,6 +322,13 @@ class DataPath:
         return Batch(index, out, blocks, x, y, mb.num_sampled_edges, ts, time.perf_counter() - t0 - ts,
                      split, None, pairs)
 
+    def _global_sampler(self) -> Sampler:
+        """The training sampler when it can draw from the whole graph, else node-wise sampling with
+        the training fanouts (buffer mode over lists on disk: pre-sampling the device cache)."""
+        if self.graph.indices is None and self.cfg.sampler != "neighbor":
+            return self.eval_sampler(self.cfg.fanouts)
+        return self.sampler
+
     def eval_sampler(self, fanouts: list[int]) -> NeighborSampler:
         """Node-wise sampler over the whole graph with ``fanouts`` (``-1``: full neighbourhoods)."""
         g = self.graph
@@ -358,7 +371,8 @@ class DataPath:
         budget = parse_bytes(self.cfg.device_cache)
         keys = [plan0.key(i) for i in range(len(plan0))]
         ids = hot_nodes(self.cfg.device_cache_policy, budget, dim, n, self.graph.indices,
-                        lambda: access_counts(self.sampler, plan0.batches, keys, self.cfg.seed, 0, n))
+                        lambda: access_counts(self._global_sampler(), plan0.batches, keys,
+                                              self.cfg.seed, 0, n))
         cache = DeviceFeatureCache.fill(self.features, ids, n, device, self.cfg.device_cache_policy)
         self.device_cache = cache
         log.info("device cache on %s: %d of %d rows (%.1f MiB, %s) filled in %.2f s", device,
@@ -523,6 +537,48 @@ def _check_featureless(cfg: "TrainConfig", ds: Dataset) -> None:
                              "(its input is the --embedding table)")
 
 
+def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_world: int = 1,
+                 device_type: str = "cpu", task: str = "node", topology_edges: int | None = None
+                 ) -> tuple[BudgetPlan, int, Callable[[], BudgetPlan]]:
+    """The budget plan of one machine running ``local_world`` ranks of ``cfg`` on ``device_type``
+    devices: ``(plan, PQ bytes it holds, a function giving the plan without PQ codes)``.  The
+    launcher of a data-parallel job calls it before starting any process (a budget too small is
+    refused there, with its reason).
+
+    Raises:
+        ValueError: a budget that cannot hold the mode's minimum (naming every part).
+        DatasetError: ``--miss-features pq`` without codes.
+    """
+    budget_bytes = parse_bytes(cfg.memory_budget) if cfg.memory_budget else None
+    cache_size = parse_bytes(cfg.cache_size) if cfg.cache_size else None
+    pq_need = 0
+    if cfg.miss_features == "pq":
+        from ooc.features.pq import open_compressed, pq_bytes
+        pq_need = pq_bytes(ds)
+        if not pq_need:
+            open_compressed(ds)  # raises the "run ooc compress" error
+    # a device cache kept in host memory (CPU runs) is host memory of every rank
+    host_cache = parse_bytes(cfg.device_cache) if cfg.device_cache and device_type == "cpu" else 0
+    host_cache += 4 * ds.num_nodes if cfg.device_cache else 0  # node -> row map
+    # a node-embedding table trained on the CPU is host memory of every rank (its replica)
+    emb = embedding_bytes(ds.num_nodes, cfg.embedding, cfg.optimizer) \
+        if cfg.embedding and device_type == "cpu" else 0
+    if cfg.embedding and not emb:
+        log.info("node embeddings %d x %d on %s: %s of device memory with %s (not host memory)",
+                 ds.num_nodes, cfg.embedding, device_type,
+                 format_bytes(embedding_bytes(ds.num_nodes, cfg.embedding, cfg.optimizer)),
+                 cfg.optimizer)
+    kw: dict[str, Any] = dict(local_world=local_world, share=cfg.shared_buffer,
+                              per_rank_extra=host_cache, min_state=2 if task == "link" else 1,
+                              embedding=emb, embedding_dim=cfg.embedding,
+                              topology_edges=topology_edges)
+    args = (cfg.mode, budget_bytes, ds, offsets, cfg.topology, cfg.batch_size, cfg.fanouts,
+            cfg.prefetch, cfg.hidden, cfg.buffer_partitions, cache_size, cfg.cache_policy,
+            cfg.ordering, cfg.eval_batch_size, cfg.eval_fanouts)
+    return (plan_budget(*args, compressed=pq_need, **kw), pq_need,
+            lambda: plan_budget(*args, **kw))
+
+
 def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
                     rss: RssMonitor | None = None, task: str = "node",
                     topology: tuple[np.ndarray, np.ndarray] | None = None,
@@ -549,37 +605,13 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
     has_feats = ds.has("features")
     if not has_feats:
         _check_featureless(cfg, ds)
-    offsets = _offsets(cfg, ds)
-    budget_bytes = parse_bytes(cfg.memory_budget) if cfg.memory_budget else None
-    cache_size = parse_bytes(cfg.cache_size) if cfg.cache_size else None
-    pq_need = 0
-    if cfg.miss_features == "pq":
-        from ooc.features.pq import open_compressed, pq_bytes
-        pq_need = pq_bytes(ds)
-        if not pq_need:
-            open_compressed(ds)  # raises the "run ooc compress" error
-    # a device cache kept in host memory (CPU runs) is host memory of every rank
-    host_cache = parse_bytes(cfg.device_cache) if cfg.device_cache and job.device.type == "cpu" else 0
-    host_cache += 4 * ds.num_nodes if cfg.device_cache else 0  # node -> row map
-    # a node-embedding table trained on the CPU is host memory of every rank (its replica)
-    emb = embedding_bytes(ds.num_nodes, cfg.embedding, cfg.optimizer) \
-        if cfg.embedding and job.device.type == "cpu" else 0
-    if cfg.embedding and not emb:
-        log.info("node embeddings %d x %d on %s: %s of device memory with %s (not host memory)",
-                 ds.num_nodes, cfg.embedding, job.device,
-                 format_bytes(embedding_bytes(ds.num_nodes, cfg.embedding, cfg.optimizer)),
-                 cfg.optimizer)
-    kw: dict[str, Any] = dict(local_world=job.local_world_size, share=cfg.shared_buffer,
-                              per_rank_extra=host_cache, min_state=2 if task == "link" else 1,
-                              embedding=emb, embedding_dim=cfg.embedding,
-                              topology_edges=int(topology[1].shape[0]) if topology is not None else None)
-    args = (cfg.mode, budget_bytes, ds, offsets, cfg.topology, cfg.batch_size, cfg.fanouts,
-            cfg.prefetch, cfg.hidden, cfg.buffer_partitions, cache_size, cfg.cache_policy,
-            cfg.ordering, cfg.eval_batch_size, cfg.eval_fanouts)
-    plan = plan_budget(*args, compressed=pq_need, **kw)
+    offsets = partition_offsets(cfg, ds)
+    plan, pq_need, replan = plan_machine(cfg, ds, offsets, job.local_world_size, job.device.type,
+                                         task, int(topology[1].shape[0]) if topology is not None
+                                         else None)
     approx: "CompressedRows | None" = None
     if pq_need and plan.slots >= plan.num_parts:  # everything resident: nothing to decode
-        plan = plan_budget(*args, **kw)
+        plan = replan()
         log.info("every partition is resident: PQ codes not loaded")
     elif pq_need:
         from ooc.features.pq import open_compressed
@@ -611,7 +643,12 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
     if cfg.sampler == "cluster" and cfg.mode != "exact":  # clusters inside partitions
         cluster_of = partition_clusters(graph.indptr, graph.indices, offsets,
                                         min(cfg.num_clusters, graph.num_nodes), cfg.seed)
-    sampler = make_sampler(cfg.sampler, graph.indptr, graph.indices, cfg.fanouts, train_ids=ids,
+    indices = graph.indices
+    if indices is None and cfg.mode == "buffer" and cfg.sampler in ("labor", "ladies"):
+        # buffer mode samples only the states' resident subgraphs (Sampler.on); the whole graph's
+        # lists stay on disk and this sampler is never asked to draw from them
+        indices = np.empty(0, dtype=np.int64)
+    sampler = make_sampler(cfg.sampler, graph.indptr, indices, cfg.fanouts, train_ids=ids,
                            replace=cfg.replace, batch_size=cfg.batch_size, layer_size=cfg.layer_size,
                            num_clusters=cfg.num_clusters, clusters_per_batch=cfg.clusters_per_batch,
                            walk_length=cfg.walk_length, seed=cfg.seed, reader=graph.reader,

@@ -266,6 +266,19 @@ def _check_resume_config(saved: dict, now: dict) -> None:
                          + ", ".join(sorted(RESUMABLE_CHANGES)) + " may change")
 
 
+def _check_resume_layout(saved: dict, now: dict, run: Path) -> None:
+    """Raise ValueError when the job resuming ``run`` has another number of processes than the job
+    that wrote it (the plan, the loss weights and the per-rank checkpoints depend on it)."""
+    if int(saved.get("world_size", 1)) != now["world_size"] or \
+            int(saved.get("local_world_size", 1)) != now["local_world_size"]:
+        ws, lw = int(saved.get("world_size", 1)), int(saved.get("local_world_size", 1))
+        how = "one process" if ws == 1 else f"{ws} processes ({lw} per machine: --devices {lw}" + \
+            (f" --nnodes {ws // max(lw, 1)}" if ws > lw else "") + ")"
+        raise ValueError(f"--resume {run}: the run was trained by {how}; resume it with the same "
+                         f"layout (now {now['world_size']} process"
+                         f"{'es' if now['world_size'] > 1 else ''})")
+
+
 # ====================================================================== the loop
 @guarded
 def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None = None,
@@ -316,8 +329,10 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
     from ooc.training.warmup import warm_up_runtime
     ckpt_path = out / "checkpoint.pt"
     ckpt = load_checkpoint(ckpt_path) if resume else None
+    layout = {"world_size": job.world_size, "local_world_size": job.local_world_size}
     if ckpt is not None:
         _check_resume_config(ckpt.get("config", {}), cfg.to_dict())
+        _check_resume_layout(ckpt.get("job", {"world_size": 1, "local_world_size": 1}), layout, out)
     cfg.save(out)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -380,7 +395,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
             "scheduler": sched.state_dict() if sched is not None else None,
             "scaler": scaler.state_dict() if scaler is not None else None, "rng": rng_state(),
             "state": dict(st.as_dict(), elapsed_s=st.elapsed_s + time.perf_counter() - t_start),
-            "config": cfg.to_dict()}, ckpt_path)
+            "config": cfg.to_dict(), "job": layout}, ckpt_path)
 
     steps_per_epoch = task.steps_per_epoch
     bar = progress_bar(total=cfg.epochs * steps_per_epoch, initial=st.global_step, enabled=cfg.progress,
