@@ -36,7 +36,7 @@ def _ooc(*args: str) -> subprocess.CompletedProcess:
 
 def _train(ds: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
     return _ooc("train", str(ds), "--model", "sage", "--fanout", "5,5", "--batch-size", "256",
-                "--hidden", "8", "--epochs", "1", "--partitions", "4", "--buffer-partitions", "2",
+                "--hidden", "8", "--epochs", "1", "--buffer-partitions", "2",
                 "--output-dir", str(out), "--no-progress", *extra)
 
 
