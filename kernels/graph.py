@@ -17,7 +17,8 @@ import numpy as np
 from numba import njit
 
 __all__ = ["build_csc", "build_csr", "index_dtype_for", "INT32_LIMIT", "count_into", "bucket_scatter",
-           "local_csc", "sort_segments", "merge_unique", "sort_edges", "unique_sorted"]
+           "local_csc", "sort_segments", "merge_unique", "sort_edges", "unique_sorted",
+           "self_loop_counts"]
 
 #: Largest value stored in int32 arrays; tests may lower it to exercise the int64 paths.
 INT32_LIMIT = 2**31 - 1
@@ -335,3 +336,18 @@ def take_edges(pairs: np.ndarray, col_major: bool, num_nodes: int, shift: int, o
         out_src[i] = s
         out_dst[i] = d
     return -1, 0, 0, mx
+
+
+@njit(cache=True, nogil=True)
+def self_loop_counts(indptr: np.ndarray, indices: np.ndarray, first: int = 0) -> np.ndarray:
+    """int32 [n]: the self-loops ``v -> v`` of every node of a CSC graph (one pass over the edges;
+    GCN / GAT keep exactly one per node, see :func:`ooc.models.to_torch_blocks`).  ``indptr``
+    [n+1] / ``indices`` may be one block of rows: node ``i`` of the block is node ``first + i``
+    (``indptr`` relative to the block's first edge)."""
+    n = indptr.shape[0] - 1
+    out = np.zeros(n, dtype=np.int32)
+    for v in range(n):
+        for e in range(indptr[v], indptr[v + 1]):
+            if indices[e] == first + v:
+                out[v] += 1
+    return out

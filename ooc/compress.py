@@ -29,6 +29,7 @@ from ooc.util.progress import progress as progress_bar
 
 from ooc.kernels.pq import kmeans_subspace, pq_encode, subspace_bounds
 from ooc.storage.dataset import ArrayGroupWriter, Dataset, DatasetError
+from ooc.storage.locks import PathLock
 
 __all__ = ["PQ_GROUP", "train_codebooks", "encode_rows", "compress_dataset"]
 
@@ -91,7 +92,11 @@ MAX_ABS = 1e15
 def _check_finite(rows: np.ndarray, what: str, ids: np.ndarray | None = None, first: int = 0) -> None:
     """Raises ValueError naming the node (``ids[r]``, else ``first + r``) and column of the first
     NaN / inf or value beyond :data:`MAX_ABS` in ``rows``."""
-    bad = ~np.isfinite(rows) | (np.abs(rows) > MAX_ABS)
+    bad = ~np.isfinite(rows)
+    if rows.dtype.kind == "f" and float(np.finfo(rows.dtype).max) > MAX_ABS:
+        # (float16 cannot hold the bound -- 1e15 would cast to inf -- and every finite float16 is
+        # below it: only non-finite values are refused there)
+        bad |= np.abs(rows) > rows.dtype.type(MAX_ABS)
     if bad.any():
         r, c = np.argwhere(bad)[0]
         node = int(ids[r]) if ids is not None else first + int(r)
@@ -114,11 +119,22 @@ def compress_dataset(path: str | Path, subspaces: int, centroids: int = 256,
     Raises:
         DatasetError: the dataset has no features.
         FileExistsError: it has codes and ``overwrite`` is false (checked before any work).
+        LockError: another process reads (trains on) or writes the dataset.
         ValueError: bad ``subspaces`` / ``centroids`` / ``iters``, ``sample_rows`` below the
             centroids, or features that are not finite or beyond :data:`MAX_ABS`.
     """
     t0 = time.perf_counter()
-    ds = Dataset(path)
+    # the codes are added in place: no reader (ooc train) or other writer while this runs
+    lock = PathLock(path, exclusive=True, what="dataset", purpose="compress").acquire()
+    try:
+        return _compress(path, subspaces, centroids, sample_rows, iters, seed, overwrite, progress, t0)
+    finally:
+        lock.release()
+
+
+def _compress(path: str | Path, subspaces: int, centroids: int, sample_rows: int, iters: int,
+              seed: int, overwrite: bool, progress: bool, t0: float) -> dict:
+    ds = Dataset(path, verify="checksums")  # codes are never learnt from corrupt rows
     try:
         if not ds.has("features"):
             raise DatasetError(f"{path}: dataset has no features to compress")

@@ -73,6 +73,8 @@ def _opt(default: Any, section: str, help: str, key: str | None = None,
         meta["choices"] = choices
     if isinstance(default, list):
         return field(default_factory=lambda d=default: list(d), metadata=meta)
+    if isinstance(default, dict):
+        return field(default_factory=lambda d=default: dict(d), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -86,7 +88,9 @@ class TrainConfig:
 
     # data path
     dataset: str = _opt("", "data", "dataset directory written by `ooc convert`")
-    partitions: int = _opt(4, "data", "node partitions (contiguous id ranges unless stored)")
+    partitions: int = _opt(0, "data", "node partitions: 0 = the dataset's stored partitions (ooc "
+                           "partition), else 4; P = the stored ones when P of them are stored, else P "
+                           "contiguous id ranges")
     buffer_partitions: int = _opt(2, "data", "feature partitions resident in host memory")
     io_threads: int = _opt(1, "data", "background partition loaders")
     prefetch: int = _opt(2, "data", "batches built ahead (0 = synchronous)")
@@ -126,6 +130,10 @@ class TrainConfig:
                        "into one request (O_DIRECT; 0 = only rows on the same or adjacent pages)")
     shared_buffer: bool = _opt(True, "data", "data-parallel runs: local ranks share one partition "
                                "buffer per machine through shared memory (local rank 0 does the I/O)")
+    verify: str = _opt("checksums", "data", "verification of the dataset on read: checksums "
+                       "(structural scans when the run starts, and every chunk checked against its "
+                       "blake2b checksum the first time it is read) or structure (the scans only)",
+                       choices=("checksums", "structure"))
     device_cache: str = _opt("", "data", "per-device hot-feature cache size, e.g. 8GB (empty = none; "
                              "on CPU a separate tensor tier)")
     device_cache_policy: str = _opt("degree", "data", "what the device cache holds: degree (highest "
@@ -145,8 +153,14 @@ class TrainConfig:
     clusters_per_batch: int = _opt(4, "sampler", "ClusterGCN: clusters per batch")
     walk_length: int = _opt(2, "sampler", "GraphSAINT: random-walk length (--batch-size roots per batch)")
     # model
-    model: str = _opt("sage", "model", "GNN layer type", key="name",
-                      choices=("sage", "gcn", "gat", "gin"))
+    model: str = _opt("sage", "model", "GNN layer type: sage, gcn, gat, gin, or MODULE:CLASS, a torch "
+                      "module of yours imported from an importable module (README: Your own model)",
+                      key="name")
+    model_options: dict = _opt({}, "model", "MODULE:CLASS models: extra keyword arguments of the "
+                               "constructor, a YAML mapping such as '{heads: 4}'", key="options")
+    embedding: int = _opt(0, "model", "learnable node embeddings of width D as model input, "
+                          "concatenated to the features (the whole input when the dataset has none); "
+                          "0 = off")
     hidden: int = _opt(64, "model", "hidden width (GAT: all heads together)")
     dropout: float = _opt(0.5, "model", "dropout on every layer's input")
     aggregator: str = _opt("mean", "model", "GraphSAGE aggregator", choices=("mean", "sum", "max"))
@@ -242,8 +256,12 @@ class TrainConfig:
         for name, text in (("config.yaml", self.to_yaml()),
                            ("config.json", json.dumps(self.to_dict(), indent=2, sort_keys=True))):
             tmp = d / f".{name}.tmp-{os.getpid()}"
-            tmp.write_text(text)
-            os.replace(tmp, d / name)
+            try:
+                tmp.write_text(text)
+                os.replace(tmp, d / name)
+            finally:  # a failed write (disk full) leaves no empty temporary behind
+                if tmp.exists():
+                    tmp.unlink()
 
     # ------------------------------------------------------------------ updates
     @classmethod
@@ -304,8 +322,10 @@ class TrainConfig:
                 raise ConfigError(f"--set {a!r}: expected KEY=VALUE")
             k, v = a.split("=", 1)
             try:
-                val = yaml.safe_load(v) if v.strip() else ""
-            except yaml.YAMLError:
+                val = safe_yaml(v, f"--set {a}") if v.strip() else ""
+            except ConfigError as e:
+                if "alias" in str(e):
+                    raise
                 val = v
             self.update({k.strip(): val}, source=f"--set {a}")
         return self
@@ -337,7 +357,9 @@ class TrainConfig:
             if len(self.eval_fanouts) != len(self.fanouts):
                 raise ValueError(f"eval_fanouts {self.eval_fanouts} must have one entry per layer "
                                  f"({len(self.fanouts)}, as fanouts {self.fanouts})")
-        for name in ("batch_size", "eval_batch_size", "epochs", "partitions", "buffer_partitions",
+        if self.partitions < 0:
+            raise ValueError(f"partitions must be >= 0 (0: the dataset's), got {self.partitions}")
+        for name in ("batch_size", "eval_batch_size", "epochs", "buffer_partitions",
                      "hidden", "eval_every", "heads", "out_heads", "eval_candidates", "layer_size",
                      "num_clusters", "clusters_per_batch"):
             if getattr(self, name) < 1:
@@ -348,12 +370,16 @@ class TrainConfig:
                      "io_gap"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.buffer_partitions > self.partitions:
+        if self.partitions and self.buffer_partitions > self.partitions:
             raise ValueError(f"--buffer-partitions {self.buffer_partitions} exceeds --partitions "
                              f"{self.partitions}")
         for name in ("dropout", "attn_dropout", "feat_dropout", "hybrid_mix"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.embedding < 0:
+            raise ValueError(f"embedding must be >= 0 (0 = off), got {self.embedding}")
+        from ooc.interop.custom import check_model_config
+        check_model_config(self)
         if self.model == "gat" and self.hidden % self.heads:
             raise ValueError(f"gat: hidden {self.hidden} must be divisible by heads {self.heads}")
         if not (0 <= self.val_frac < 1 and 0 <= self.test_frac < 1 and
@@ -413,22 +439,61 @@ def validate_data_options(cfg: "TrainConfig") -> None:
     check_sampler(cfg.sampler, cfg.mode, cfg.topology, cfg.task)
 
 
+#: Most YAML aliases (``*name``) a configuration may use: a few are handy, thousands are an alias
+#: bomb (nested lists of aliases that expand to billions of items).
+MAX_YAML_ALIASES = 100
+#: Longest configuration file read (bytes).
+MAX_YAML_BYTES = 1 << 20
+
+
+def safe_yaml(text: str, source: str) -> Any:
+    """``yaml.safe_load`` of ``text`` with aliases bounded (:data:`MAX_YAML_ALIASES`), so an alias
+    bomb is refused while it is parsed, before anything expands.
+
+    Raises:
+        ConfigError: not valid YAML, or too many aliases (naming ``source``).
+    """
+    import yaml
+
+    class _Loader(yaml.SafeLoader):
+        aliases = 0
+
+        def compose_node(self, parent, index):  # type: ignore[override]
+            if self.check_event(yaml.AliasEvent):
+                _Loader.aliases += 1
+                if _Loader.aliases > MAX_YAML_ALIASES:
+                    mark = self.peek_event().start_mark
+                    raise ConfigError(f"{source}: more than {MAX_YAML_ALIASES} YAML aliases (line "
+                                      f"{mark.line + 1}): refusing what looks like an alias bomb")
+            return super().compose_node(parent, index)
+
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{source}: not valid YAML: {e}") from None
+
+
 def load_yaml(path: str | Path) -> dict:
     """Read a YAML configuration file (``yaml.safe_load``); an empty file is ``{}``.
 
     Raises:
         FileNotFoundError: no such file.  ConfigError: not YAML or not a mapping.
     """
-    import yaml
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{p}: is a directory, not a config file")
     try:
-        text = p.read_text()
+        with open(p, "rb") as f:
+            raw = f.read(MAX_YAML_BYTES + 1)
     except FileNotFoundError:
         raise FileNotFoundError(f"{p}: no such config file") from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise ConfigError(f"{p}: larger than {MAX_YAML_BYTES:,} bytes; not a run configuration")
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+        text = raw.decode("utf-8-sig")  # a byte-order mark is dropped
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not UTF-8 text ({e})") from None
+    data = safe_yaml(text, str(p))
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -438,7 +503,11 @@ def load_yaml(path: str | Path) -> dict:
 
 def _coerce(name: str, tp: Any, v: Any, source: str) -> Any:
     def bad() -> ConfigError:
-        return ConfigError(f"{source}: {name} expects {getattr(tp, '__name__', tp)}, got {v!r}")
+        import reprlib
+        r = reprlib.Repr()  # bounded: never expands a huge (aliased) value
+        r.maxlevel, r.maxlist, r.maxtuple, r.maxdict, r.maxstring, r.maxother = 2, 6, 6, 6, 80, 80
+        shown = r.repr(v)
+        return ConfigError(f"{source}: {name} expects {getattr(tp, '__name__', tp)}, got {shown}")
 
     if tp is bool:
         if isinstance(v, bool):
@@ -472,10 +541,28 @@ def _coerce(name: str, tp: Any, v: Any, source: str) -> Any:
         if isinstance(v, (dict, list)):
             raise bad()
         return str(v)
+    if tp is dict:
+        if isinstance(v, str):
+            import yaml
+            try:
+                v = yaml.safe_load(v) if v.strip() else {}
+            except yaml.YAMLError:
+                raise bad() from None
+        if v is None:
+            return {}
+        if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+            raise bad()
+        return dict(v)
     if typing.get_origin(tp) is list:
-        try:
-            if name == "fanouts" or (name == "eval_fanouts" and v not in ("", [], None)):
+        if isinstance(v, (list, tuple)) and any(isinstance(x, (list, tuple, dict)) for x in v):
+            # nested lists (an alias bomb's shape) are never a list of integers
+            raise ConfigError(f"{source}: {name} expects a flat list of integers, got nested lists")
+        if name == "fanouts" or (name == "eval_fanouts" and v not in ("", [], None)):
+            try:
                 return parse_fanouts(v)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"{source}: {name}: {e}") from None
+        try:
             if isinstance(v, str):
                 v = [x for x in v.strip("[]").split(",") if x.strip()]
             if not isinstance(v, (list, tuple)):

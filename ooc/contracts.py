@@ -46,12 +46,15 @@ class Graph:
             disk through ``reader`` (``--topology disk``).
         degrees: int64 [N] in-degrees (GCN normalisation, sum scaling).
         reader: page-aligned reader of neighbour lists (``indices`` is None).
+        loops: int32 [N] self-loops of every node (GCN / GAT keep exactly one per node); None:
+            unknown (degrees then keep the data's loops).
     """
 
     indptr: np.ndarray
     indices: np.ndarray | None
     degrees: np.ndarray
     reader: "NeighborReader | None" = None
+    loops: np.ndarray | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -142,7 +145,8 @@ class Batch:
 
     Attributes:
         index: step index in the plan; seeds: int64 [B] global ids of the output nodes.
-        blocks: MFGs, input layer first.
+        blocks: MFGs, input layer first; every block's ``src_ids`` holds the global ids of its
+            source nodes (:attr:`input_ids` for the input rows).
         x: input rows [num_input, D] in the storage dtype (float16 stays float16 until use) or
             float32 (row-normalised features); with a device cache, only the rows it missed.
         y: int64 [B] labels (multi-label: [B, C]); link batches: zeros.
@@ -165,6 +169,12 @@ class Batch:
     x_cache: Any = None
     loss_weight: torch.Tensor | None = None
     pairs: EdgePairs | None = None
+
+    @property
+    def input_ids(self) -> torch.Tensor | None:
+        """int64 [num_input] global node ids of the input rows ``x``, in row order
+        (``blocks[0].src_ids``; what a learnable node embedding is indexed by)."""
+        return self.blocks[0].src_ids if self.blocks else None
 
     def inputs(self, device: torch.device, native: bool = False
                ) -> tuple[list["TorchBlock"], torch.Tensor]:
@@ -274,6 +284,7 @@ class Task(Protocol):
         model (``val_acc``, ``val_mrr``); test_key: its test counterpart; metric: reported name.
         out_dim: the model's output width; data: the run's :class:`ooc.data.path.DataPath`.
         steps_per_epoch: optimiser steps of every epoch (the same on every rank).
+        info: facts the run's ``metrics.json`` records (e.g. ``{"ogb": {"dataset", "metric"}}``).
     """
 
     name: str
@@ -282,6 +293,7 @@ class Task(Protocol):
     metric: str
     out_dim: int
     data: Any
+    info: dict
 
     @property
     def steps_per_epoch(self) -> int: ...

@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["layerwise_inference", "LayerOutput", "write_rows_in_original_order", "IN_MEMORY_LIMIT"]
 
-log = logging.getLogger("ooc.training.inference")
+log = logging.getLogger("ooc.inference")
 
 #: Layers smaller than this are kept in memory when no output folder is given.
 IN_MEMORY_LIMIT = 1 << 30
@@ -104,7 +104,7 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
     L = model.num_layers
     keep = tuple(range(max(L - 2, 0), L)) if keep is None else tuple(keep)
     sampler = data.eval_sampler([-1])
-    degrees = data.graph.degrees
+    degrees, loops = data.graph.degrees, data.graph.loops
     offsets = np.asarray(data.offsets, dtype=np.int64)
     num_parts = offsets.shape[0] - 1
     widest = max(model.dims[1:]) * 4 * n
@@ -137,7 +137,7 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
                     e = min(s + batch_size, b)
                     dst = np.arange(s, e, dtype=np.int64)
                     sg = sampler.sample(dst, 0)  # all neighbours: no randomness
-                    block = to_torch_blocks(sg, degrees)[0]
+                    block = to_torch_blocks(sg, degrees, loops)[0]
                     ids = sg.nodes[: block.num_src]
                     if i == 0 and window is None:
                         h = data.features(ids)

@@ -33,7 +33,7 @@ from ooc.kernels.sampling import Block, SampledSubgraph
 from ooc.sparse import (Adjacency, gather_dst, gather_src, segment_max, segment_sum, spmm,
                         transform_first)
 
-__all__ = ["TorchBlock", "to_torch_blocks", "aggregate", "edge_softmax", "Dropout", "SAGEConv", "GCNConv",
+__all__ = ["TorchBlock", "to_torch_blocks", "split_self_loops", "aggregate", "edge_softmax", "Dropout", "SAGEConv", "GCNConv",
            "GATConv", "GINConv", "GNN", "build_model", "takes_half", "MODELS"]
 
 
@@ -112,6 +112,12 @@ class TorchBlock:
         edge_weight: optional float32 [E] importance weight of every edge (see
             :class:`ooc.kernels.sampling.Block`): ``sum_e w_e f(src)`` estimates the full
             neighbourhood sum.  ``None`` = ``deg_dst / sampled`` per destination (uniform sampling).
+        loops: optional float32 [num_src] self-loops of each source node in the full graph (counted
+            in ``deg``), for GCN's exactly-one-self-loop normalisation ``d - loops + 1``.  ``None``:
+            unknown, degrees keep the data's loops (see :func:`split_self_loops`).
+        src_ids: optional int64 [num_src] global node id of every source node (the destinations'
+            are ``src_ids[:num_dst]``); the data path sets it on every block it builds (the input
+            block's ids select rows of a learnable embedding, :mod:`ooc.embedding`).
         adjacency: the edges as CSR over destinations and sources (:class:`ooc.sparse.Adjacency`),
             built on first use when not given.
     """
@@ -124,6 +130,8 @@ class TorchBlock:
     deg_dst: Tensor
     sampled: Tensor
     edge_weight: Tensor | None = None
+    loops: Tensor | None = None
+    src_ids: Tensor | None = None
     _adj: Adjacency | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -136,7 +144,8 @@ class TorchBlock:
     @staticmethod
     def from_edges(num_src: int, num_dst: int, src: list[int] | Tensor, dst: list[int] | Tensor,
                    deg_src: Tensor | None = None) -> "TorchBlock":
-        """Build a block from explicit edges (tests, full-graph use); degrees default to the block's."""
+        """Build a block from explicit edges (tests, full-graph use); degrees default to the block's,
+        loops are the block's loop edges (every in-edge of a destination is in the block)."""
         src_t = torch.as_tensor(src, dtype=torch.int64)
         dst_t = torch.as_tensor(dst, dtype=torch.int64)
         sampled = torch.bincount(dst_t, minlength=num_dst).float()
@@ -144,7 +153,11 @@ class TorchBlock:
             deg_src = torch.zeros(num_src)
             deg_src[:num_dst] = sampled
         deg_src = torch.as_tensor(deg_src, dtype=torch.float32)
-        return TorchBlock(num_src, num_dst, src_t, dst_t, deg_src, deg_src[:num_dst], sampled)
+        loops = torch.zeros(num_src)  # the destinations' loops are all in the block
+        is_loop = src_t == dst_t
+        loops.index_add_(0, dst_t[is_loop], torch.ones(int(is_loop.sum())))
+        return TorchBlock(num_src, num_dst, src_t, dst_t, deg_src, deg_src[:num_dst], sampled,
+                          loops=loops)
 
     @property
     def num_edges(self) -> int:
@@ -154,23 +167,37 @@ class TorchBlock:
         """A copy with every tensor on ``device`` (the same object if already there)."""
         if self.src.device == torch.device(device):
             return self
-        w = self.edge_weight
+        w, lp, ids = self.edge_weight, self.loops, self.src_ids
         return TorchBlock(self.num_src, self.num_dst,
                           *(t.to(device, non_blocking=non_blocking) for t in
                             (self.src, self.dst, self.deg_src, self.deg_dst, self.sampled)),
-                          None if w is None else w.to(device, non_blocking=non_blocking))
+                          None if w is None else w.to(device, non_blocking=non_blocking),
+                          None if lp is None else lp.to(device, non_blocking=non_blocking),
+                          None if ids is None else ids.to(device, non_blocking=non_blocking))
 
 
-def to_torch_blocks(sg: SampledSubgraph, degrees: np.ndarray) -> list[TorchBlock]:
-    """Convert a :class:`SampledSubgraph` to tensors; ``degrees`` is int64 [N] full-graph in-degree."""
+def to_torch_blocks(sg: SampledSubgraph, degrees: np.ndarray, loops: np.ndarray | None = None,
+                    node_ids: np.ndarray | None = None) -> list[TorchBlock]:
+    """Convert a :class:`SampledSubgraph` to tensors.
+
+    Args:
+        sg: the sample; degrees: int64 [N] full-graph in-degree, indexed by ``sg.nodes``.
+        loops: int [N] self-loops per node (:func:`ooc.kernels.graph.self_loop_counts`; GCN then
+            normalises with ``d - loops + 1``); ``None``: degrees keep the data's loops.
+        node_ids: int64 global ids of ``sg.nodes`` when those are local ids (a buffer state's
+            subgraph); default ``sg.nodes``.  Every block's ``src_ids`` is a prefix view of them.
+    """
     out = []
-    deg_nodes = torch.from_numpy(degrees[sg.nodes].astype(np.float32))
+    deg_nodes = torch.from_numpy(np.asarray(degrees)[sg.nodes].astype(np.float32))
+    loop_nodes = None if loops is None else torch.from_numpy(loops[sg.nodes].astype(np.float32))
+    ids = torch.from_numpy(np.ascontiguousarray(sg.nodes if node_ids is None else node_ids,
+                                                dtype=np.int64))
     for b in sg.blocks:
-        out.append(_block_tensors(b, deg_nodes))
+        out.append(_block_tensors(b, deg_nodes, loop_nodes, ids))
     return out
 
 
-def _block_tensors(b: Block, deg_nodes: Tensor) -> TorchBlock:
+def _block_tensors(b: Block, deg_nodes: Tensor, loop_nodes: Tensor | None, ids: Tensor) -> TorchBlock:
     counts = np.diff(b.indptr)
     dst = np.repeat(np.arange(b.num_dst, dtype=np.int64), counts)
     w = getattr(b, "edge_weight", None)
@@ -181,7 +208,35 @@ def _block_tensors(b: Block, deg_nodes: Tensor) -> TorchBlock:
     adj = Adjacency(src, dst_t, b.num_src, b.num_dst, indptr=b.indptr)
     return TorchBlock(b.num_src, b.num_dst, src, dst_t, deg_nodes[: b.num_src], deg_nodes[: b.num_dst],
                       torch.from_numpy(counts.astype(np.float32)),
-                      None if w is None else torch.from_numpy(np.asarray(w, dtype=np.float32)), adj)
+                      None if w is None else torch.from_numpy(np.asarray(w, dtype=np.float32)),
+                      None if loop_nodes is None else loop_nodes[: b.num_src],
+                      ids[: b.num_src], adj)
+
+
+def split_self_loops(block: TorchBlock) -> tuple[Tensor, Tensor, Tensor]:
+    """The block's loop edges and its nodes' self-loops in the full graph.
+
+    A loop edge is ``src == dst`` (local ids: the first ``num_dst`` sources are the destinations).
+
+    Returns:
+        ``(keep bool [E], loops_src float [num_src], loops_sampled float [num_dst])``: the edges
+        that are not loops; each source node's self-loops in the graph (:attr:`TorchBlock.loops`);
+        each destination's loop edges in the block.  Without :attr:`TorchBlock.loops` both counts
+        are 0: a node's degree then keeps its loops, the same in every batch (a source node's loops
+        are not in the block), so results do not depend on batching; the loop edges themselves are
+        still dropped.
+    """
+    is_loop = block.src == block.dst
+    sampled_loops = torch.zeros(block.num_dst, dtype=torch.float32, device=block.src.device)
+    if bool(is_loop.any()):
+        sampled_loops.index_add_(0, block.dst[is_loop],
+                                 torch.ones(int(is_loop.sum()), device=block.src.device))
+    if block.loops is not None:
+        loops_src = block.loops
+    else:  # unknown: degrees keep the data's loops (the same for every batch a node is in)
+        loops_src = torch.zeros(block.num_src, dtype=torch.float32, device=block.src.device)
+        sampled_loops = torch.zeros_like(sampled_loops)
+    return ~is_loop, loops_src, sampled_loops
 
 
 def _aggregate_sum(block: TorchBlock, msg: Tensor) -> Tensor:
@@ -311,15 +366,19 @@ class GCNConv(nn.Module):
     """Graph convolution (Kipf & Welling, "Semi-Supervised Classification with Graph Convolutional
     Networks", ICLR'17) on sampled blocks.
 
-    Self-loop convention (documented, one for all of ooc): with ``self_loops=True`` every node gets one
-    self-loop, ``A + I``, and degrees count it (``d + 1``).  With ``normalize=True`` the update is
+    Self-loop convention (documented, one for all of ooc): with ``self_loops=True`` every node has
+    exactly one self-loop, whatever the data holds (as PyG's ``add_remaining_self_loops``): loop
+    edges in the data are dropped and one is added, ``A' + I`` with ``A'`` the graph without its
+    loops, and degrees count it (``d'_v + 1``, ``d'_v = d_v - l_v``, ``l_v`` the node's loops).  With
+    ``normalize=True`` the update is
 
-        h_v = W ( x_v / (d_v + 1) + (d_v / s_v) * sum_{u in S(v)} x_u / sqrt((d_u + 1)(d_v + 1)) ) + b
+        h_v = W ( x_v / (d'_v + 1) + (d'_v / s'_v) * sum_{u in S'(v)} x_u / sqrt((d'_u + 1)(d'_v + 1)) ) + b
 
-    where ``d`` are full-graph in-degrees and ``S(v)`` the ``s_v`` sampled neighbours; with all
-    neighbours sampled this is exactly ``D^-1/2 (A+I) D^-1/2 X W``.  Without self-loops the ``x_v``
-    term is dropped and degrees are ``d`` (clamped to 1).  With ``normalize=False`` messages are summed
-    unweighted (the self-loop, if any, adds ``x_v``).
+    where ``d`` are full-graph in-degrees and ``S'(v)`` the ``s'_v`` sampled neighbours other than
+    ``v``; with all neighbours sampled this is exactly ``D^-1/2 (A'+I) D^-1/2 X W`` (Kipf & Welling's
+    ``A + I`` on a loop-free ``A``).  Without self-loops the ``x_v`` term is dropped, loop edges are
+    ordinary edges and degrees are ``d`` (clamped to 1).  With ``normalize=False`` messages are
+    summed unweighted (the self-loop, if any, adds ``x_v`` once).
 
     Shapes:
         x: [num_src, in_dim] float32 -> [num_dst, out_dim].
@@ -336,20 +395,31 @@ class GCNConv(nn.Module):
     def forward(self, block: TorchBlock, x: Tensor) -> Tensor:
         h = self.lin(x)
         w = None
+        src, dst, edge_weight, adj = block.src, block.dst, block.edge_weight, block.adjacency
+        deg_src, deg_dst, sampled = block.deg_src, block.deg_dst, block.sampled
+        if self.self_loops:  # exactly one self-loop per node: the data's loop edges are dropped
+            keep, loops_src, loops_sampled = split_self_loops(block)
+            if not bool(keep.all()):
+                src, dst = src[keep], dst[keep]
+                edge_weight = None if edge_weight is None else edge_weight[keep]
+                adj = Adjacency(src, dst, block.num_src, block.num_dst)
+            deg_src = deg_src - loops_src
+            deg_dst = deg_dst - loops_src[: block.num_dst]
+            sampled = sampled - loops_sampled
         if self.normalize:
             loop = 1.0 if self.self_loops else 0.0
-            d_src = (block.deg_src + loop).clamp(min=1)
-            d_dst = (block.deg_dst + loop).clamp(min=1)
-            if block.edge_weight is None:
-                scale = (block.deg_dst / block.sampled.clamp(min=1)).index_select(0, block.dst)
+            d_src = (deg_src + loop).clamp(min=1)
+            d_dst = (deg_dst + loop).clamp(min=1)
+            if edge_weight is None:
+                scale = (deg_dst / sampled.clamp(min=1)).index_select(0, dst)
             else:  # importance-sampled edges (LADIES, LABOR, GraphSAINT) carry their own weight
-                scale = block.edge_weight
-            w = (d_src.index_select(0, block.src) * d_dst.index_select(0, block.dst)).rsqrt() * scale
-        out = spmm(block.adjacency, h, None if w is None else w.to(h.dtype))
+                scale = edge_weight
+            w = (d_src.index_select(0, src) * d_dst.index_select(0, dst)).rsqrt() * scale
+        out = spmm(adj, h, None if w is None else w.to(h.dtype))
         if self.self_loops:
             h_dst = h[: block.num_dst]
             if self.normalize:
-                out = out + h_dst / (block.deg_dst + 1).unsqueeze(1).to(h.dtype)
+                out = out + h_dst / (deg_dst + 1).clamp(min=1).unsqueeze(1).to(h.dtype)
             else:
                 out = out + h_dst
         if self.bias is not None:
@@ -377,7 +447,7 @@ class GATConv(nn.Module):
 
     For every head ``k``: ``e_uv = LeakyReLU(a_src . W x_u + a_dst . W x_v)``, ``alpha = softmax``
     of ``e`` over the in-edges of ``v`` (:func:`edge_softmax`; over the sampled ones, plus ``v``
-    itself when ``self_loops``), dropout on ``alpha`` (the paper's attention dropout), and
+    itself exactly once when ``self_loops``, whatever loops the data holds), dropout on ``alpha`` (the paper's attention dropout), and
     ``h_v = sum_u alpha_uv W x_u``.  Heads are concatenated (hidden layers) or averaged (output layer).
 
     Args:
@@ -429,7 +499,10 @@ class GATConv(nn.Module):
         a_dst = (h[:n_dst] * self.att_dst).sum(-1)             # [num_dst, H]
         src, dst = block.src, block.dst
         adj = block.adjacency
-        if self.self_loops:
+        if self.self_loops:  # exactly one attention slot on itself: the data's loop edges dropped
+            keep = src != dst
+            if not bool(keep.all()):
+                src, dst = src[keep], dst[keep]
             loop = torch.arange(n_dst, dtype=src.dtype, device=src.device)
             src, dst = torch.cat([src, loop]), torch.cat([dst, loop])
             adj = Adjacency(src, dst, block.num_src, n_dst)

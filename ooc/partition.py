@@ -43,11 +43,12 @@ import numpy as np
 from ooc.util.sizes import format_bytes, parse_bytes
 from ooc.kernels.partition import (bucket_sort_block, count_buckets_block, count_cut_block,
                                    relabel_lists, scatter_rows, stream_assign_block)
-from ooc.storage.dataset import ARRAY_NAMES, Dataset, DatasetWriter
+from ooc.storage.dataset import ARRAY_NAMES, Dataset, DatasetWriter, _fault_point, check_replaceable
+from ooc.storage.locks import PathLock
 from ooc.storage.rawarray import RawArray, choose_chunk_rows
 
 __all__ = ["METHODS", "PartitionResult", "partition_nodes", "reorder_dataset", "partition_dataset",
-           "check_num_parts"]
+           "check_num_parts", "check_metis_result", "metis_memory_estimate", "run_in_child"]
 
 log = logging.getLogger("ooc.partition")
 
@@ -167,15 +168,143 @@ def _metis_assign(indptr: np.ndarray, indices: np.ndarray, num_nodes: int, num_p
     vw = None
     if balance_train and is_train.any():
         vw = np.stack([np.ones(num_nodes, dtype=np.int64), is_train.astype(np.int64)], 1).ravel()
-    opts = pymetis.Options()
-    opts.seed = int(seed)
-    if hasattr(pymetis, "CSRAdjacency"):
-        res = pymetis.part_graph(num_parts, pymetis.CSRAdjacency(xadj, adjncy), vweights=vw,
-                                 options=opts)
-    else:  # pragma: no cover - pymetis < 2025.2
-        res = pymetis.part_graph(num_parts, xadj=xadj, adjncy=adjncy, vweights=vw, options=opts)
-    parts = res[1] if isinstance(res, tuple) else res.vertex_part
-    return np.asarray(parts, dtype=np.int32)
+
+    def run() -> np.ndarray:
+        _fault_point("metis")
+        opts = pymetis.Options()
+        opts.seed = int(seed)
+        if hasattr(pymetis, "CSRAdjacency"):
+            res = pymetis.part_graph(num_parts, pymetis.CSRAdjacency(xadj, adjncy), vweights=vw,
+                                     options=opts)
+        else:  # pragma: no cover - pymetis < 2025.2
+            res = pymetis.part_graph(num_parts, xadj=xadj, adjncy=adjncy, vweights=vw, options=opts)
+        parts = res[1] if isinstance(res, tuple) else res.vertex_part
+        return np.asarray(parts, dtype=np.int32)
+
+    assign = run_in_child(run, num_nodes, "METIS")
+    if assign.shape != (num_nodes,) or (num_nodes and (assign.min() < 0 or assign.max() >= num_parts)):
+        raise ValueError(f"METIS returned an invalid assignment (shape {assign.shape}, ids outside "
+                         f"[0, {num_parts})); nothing was written: use --method stream")
+    # empty partitions of tiny graphs are filled by the constraint pass; a lopsided result is not
+    check_metis_result(assign, num_nodes, num_parts, allow_empty=True)
+    return assign
+
+
+#: A METIS partition may hold at most this many times the mean partition size, and never more
+#: than :data:`METIS_MAX_SHARE` of the nodes.  METIS aims at 1.03 (its default ``ufactor``) but,
+#: balancing training nodes as a second constraint, it leaves node counts up to about 2x the mean
+#: on R-MAT graphs (many isolated nodes; measured 2.01 at 1 M nodes); when it fails (it prints
+#: "Failed during initial partitioning") it still returns an assignment, and one partition then
+#: holds most of the graph (99% at 8 M nodes).
+METIS_MAX_IMBALANCE = 3.0
+METIS_MAX_SHARE = 0.75
+#: Bytes per directed edge and per node that METIS partitioning holds at its peak: the topology
+#: in memory, the symmetrised int64 adjacency and METIS's own coarsening levels (measured on an
+#: R-MAT graph of 1 M nodes and 10 M edges: 2.8 GB, docs/benchmarks.md; rounded up).
+METIS_BYTES_PER_EDGE = 280
+METIS_BYTES_PER_NODE = 200
+
+
+_METIS_SLACK = 8
+
+
+def metis_memory_estimate(num_nodes: int, num_edges: int) -> int:
+    """Peak bytes METIS partitioning needs for a graph of N nodes and E directed edges."""
+    return METIS_BYTES_PER_EDGE * int(num_edges) + METIS_BYTES_PER_NODE * int(num_nodes)
+
+
+def check_metis_result(assign: np.ndarray, num_nodes: int, num_parts: int,
+                       allow_empty: bool = False) -> None:
+    """Refuse a METIS assignment that leaves a partition empty (unless ``allow_empty``: the
+    constraint pass moves a node into each) or puts more than :data:`METIS_MAX_IMBALANCE` times the mean partition
+    size, or :data:`METIS_MAX_SHARE` of the nodes, (plus 8 nodes, for tiny graphs) in one.
+
+    Raises:
+        ValueError: naming the partition, its size and the bound (nothing has been written).
+    """
+    sizes = np.bincount(assign, minlength=num_parts)
+    # (a few nodes of slack: on tiny graphs whole components cannot be split evenly)
+    bound = int(math.ceil(min(METIS_MAX_IMBALANCE * num_nodes / num_parts,
+                              METIS_MAX_SHARE * num_nodes))) + _METIS_SLACK
+    empty = np.flatnonzero(sizes == 0) if not allow_empty else np.empty(0, dtype=np.int64) if not allow_empty else np.empty(0, dtype=np.int64)
+    big = int(np.argmax(sizes))
+    if empty.size or sizes[big] > bound:
+        what = (f"partition {int(empty[0])} is empty" if empty.size else
+                f"partition {big} holds {int(sizes[big]):,} of {num_nodes:,} nodes "
+                f"({100 * sizes[big] / max(num_nodes, 1):.1f}%)")
+        raise ValueError(f"METIS failed to balance the graph: {what}; the bound is {bound:,} nodes "
+                         f"per partition ({METIS_MAX_IMBALANCE:g} x N/P, at most "
+                         f"{100 * METIS_MAX_SHARE:g}% of N). Nothing was written: use "
+                         "--method stream (Fennel, balanced by construction)")
+
+
+def run_in_child(fn, num_rows: int, what: str) -> np.ndarray:
+    """Run ``fn() -> int32 [num_rows]`` in a forked child and return its result.
+
+    A long call into C (METIS) cannot be interrupted inside this process; in a child it can: the
+    parent waits in short polls, so SIGINT / SIGTERM reach it promptly, and then kills the child.
+    The child shares the parent's memory copy-on-write (its inputs are not copied).
+
+    Raises:
+        ValueError: ``fn`` raised in the child (its message), or the child died (killed by the
+            out-of-memory killer, say).
+    """
+    import os
+    import select
+    import signal
+    import struct
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 0
+        try:
+            os.close(r)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            try:
+                out = np.ascontiguousarray(fn(), dtype=np.int32)
+                payload, status = out.tobytes(), 0
+            except BaseException as e:  # noqa: BLE001 - reported to the parent
+                payload, status = f"{type(e).__name__}: {e}".encode(), 1
+            data = struct.pack("<iq", status, len(payload)) + payload
+            view = memoryview(data)
+            while view:
+                n = os.write(w, view)
+                view = view[n:]
+        except BaseException:  # noqa: BLE001
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    chunks: list[bytes] = []
+    try:
+        while True:
+            ready, _, _ = select.select([r], [], [], 0.1)  # signals are handled between polls
+            if ready:
+                b = os.read(r, 1 << 20)
+                if not b:
+                    break
+                chunks.append(b)
+    except BaseException:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(r)
+        raise
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    data = b"".join(chunks)
+    if len(data) < 12:
+        how = (f"was killed by {signal.Signals(os.WTERMSIG(status)).name} (out of memory?)"
+               if os.WIFSIGNALED(status) else f"exited with status {os.WEXITSTATUS(status)}")
+        raise ValueError(f"{what} {how}; nothing was written: use --method stream or a smaller graph")
+    code, n = struct.unpack("<iq", data[:12])
+    body = data[12:12 + n]
+    if code != 0:
+        raise ValueError(f"{what} failed: {body.decode(errors='replace')}; nothing was written")
+    out = np.frombuffer(body, dtype=np.int32).copy()
+    if out.shape[0] != num_rows:
+        raise ValueError(f"{what} returned {out.shape[0]} entries for {num_rows} nodes")
+    return out
 
 
 def _stream_assign(indptr: np.ndarray, indices: np.ndarray | RawArray, num_nodes: int, num_parts: int,
@@ -624,20 +753,51 @@ def partition_dataset(path: str | Path, num_parts: int, method: str = "metis",
     Returns:
         ``(path of the rewritten dataset, PartitionResult)``.
 
+    Locks: in place, the dataset's exclusive lock for the whole run (a training run reading it makes
+    this fail at once, naming it, and the other way round); with ``out``, the source's shared lock
+    and ``out``'s exclusive one.
+
     Raises:
-        ValueError: bad method or part count (before anything is written), unknown arrays.
+        ValueError: bad method or part count, METIS over ``memory_budget`` or failing its balance
+            check (all before anything is written), unknown arrays.
+        LockError: another process reads or writes the dataset (or ``out``).
+        FileExistsError: ``out`` exists without ``overwrite``, or is not an ooc dataset.
     """
-    ds = Dataset(path)
+    target = Path(out) if out is not None else Path(path)
+    same = target.absolute() == Path(path).absolute()
+    # in place: nobody may read (train on) the dataset while it is rewritten; else it is only read
+    lock = PathLock(path, exclusive=same, what="dataset",
+                    purpose="partition in place" if same else "partition").acquire()
+    try:
+        return _partition(path, num_parts, method, target, same, seed, balance_train, passes,
+                          objective, memory_budget, edge_buckets, tol, overwrite)
+    finally:
+        lock.release()
+
+
+def _partition(path: str | Path, num_parts: int, method: str, target: Path, same: bool, seed: int,
+               balance_train: bool, passes: int, objective: str, memory_budget: int | str,
+               edge_buckets: bool, tol: float, overwrite: bool) -> tuple[Path, PartitionResult]:
+    if not same:
+        check_replaceable(target.absolute(), overwrite)  # before any work
+    ds = Dataset(path, verify="checksums")  # a corrupt source is never rewritten under new checksums
     try:
         check_num_parts(ds.num_nodes, num_parts)
+        if method == "metis":
+            need = metis_memory_estimate(ds.num_nodes, ds.num_edges)
+            budget = parse_bytes(memory_budget)
+            if need > budget:
+                raise ValueError(
+                    f"{ds.path}: --method metis needs about {format_bytes(need)} for {ds.num_nodes:,} "
+                    f"nodes and {ds.num_edges:,} edges (topology and METIS in memory), more than "
+                    f"--memory-budget {format_bytes(budget)}: use --method stream (reads the "
+                    f"topology block by block), or a budget of at least {format_bytes(need)}")
         topo = ds.indices if method == "metis" else ds.raw("indices")
         train = ds.split("train")
         block = max(1 << 16, parse_bytes(memory_budget) // 16)
         res = partition_nodes(ds.indptr, topo, ds.num_nodes, num_parts, method, train, seed=seed,
                               balance_train=balance_train, passes=passes, objective=objective,
                               tol=tol, block_edges=block)
-        target = Path(out) if out is not None else ds.path
-        same = target.absolute() == ds.path.absolute()
         new = reorder_dataset(ds, res, target, overwrite=same or overwrite,
                               memory_budget=memory_budget, edge_buckets=edge_buckets)
     finally:

@@ -25,16 +25,20 @@ import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
 from ooc.util.files import fsync_dir, fsync_tree
-from ooc.util.procs import pid_alive
+from ooc.util.procs import remove_dead_leftovers
+from ooc.util.signals import forget_partial, register_partial
+from ooc.storage.locks import PathLock
 from ooc.storage.catalog import FORMAT_VERSION, Catalog
 from ooc.storage.rawarray import RawArray, RawArrayWriter, write_array, write_group_metadata
+from ooc.storage.verify import read_verification, verifier_for
 
-__all__ = ["Dataset", "DatasetWriter", "ArrayGroupWriter", "DatasetError", "sha256_file", "ARRAY_NAMES"]
+__all__ = ["Dataset", "DatasetWriter", "ArrayGroupWriter", "DatasetError", "sha256_file", "ARRAY_NAMES",
+           "read_manifest", "is_dataset"]
 
 ARRAY_NAMES = {
     "indptr": "topology/indptr",
@@ -49,6 +53,7 @@ ARRAY_NAMES = {
     "node_type": "nodes/type",
 }
 SPLITS = ("train", "valid", "test")
+_NOT_MONOTONE = "topology/indptr is not a monotone offset array from 0 to E"
 
 
 class DatasetError(Exception):
@@ -70,13 +75,46 @@ def sha256_file(path: str | os.PathLike, block: int = 1 << 22) -> str:
 
 
 def _remove_stale_partials(out: Path) -> None:
-    for p in out.parent.glob(f".{out.name}.partial-*"):
-        try:
-            pid = int(p.name.rsplit(".partial-", 1)[1].split("-")[0])
-        except (ValueError, IndexError):
+    """Remove ``.NAME.partial-*`` / ``.NAME.old-*`` / ``.NAME.tmp-*`` siblings of ``out`` left by
+    dead processes (a kill during a write or right after the rename)."""
+    remove_dead_leftovers(out.parent, out.name)
+
+
+def check_not_input(out: Path, inputs: Iterable[str | os.PathLike]) -> None:
+    """Refuse an output path that is one of the inputs, or a folder holding one.
+
+    Raises:
+        ValueError: naming the input and the output.
+    """
+    o = Path(os.path.realpath(out))
+    for x in inputs:
+        if x is None:
             continue
-        if not pid_alive(pid):
-            shutil.rmtree(p, ignore_errors=True)
+        i = Path(os.path.realpath(x))
+        if i == o or o in i.parents:
+            raise ValueError(f"--out {out} would replace the input {x}: write the dataset elsewhere")
+
+
+def check_replaceable(out: Path, overwrite: bool) -> None:
+    """What may stand at a writer's target: nothing, or (with ``overwrite``) an ooc dataset.
+
+    Raises:
+        FileExistsError: ``out`` exists without ``overwrite``; or ``out`` is a file, or a directory
+            that is not an ooc dataset (no readable catalog and manifest), which ``--overwrite``
+            never replaces (its files are kept).
+    """
+    if not os.path.lexists(out):
+        return
+    if not overwrite:
+        raise FileExistsError(f"{out}: already exists (pass --overwrite to replace it)")
+    if out.is_symlink() or not out.is_dir():
+        raise FileExistsError(f"{out}: is a file, not an ooc dataset; --overwrite replaces only an "
+                              "existing dataset: choose another --out or remove the file yourself")
+    if not is_dataset(out):
+        n = sum(1 for _ in out.iterdir())
+        raise FileExistsError(f"{out}: is a directory holding {n} entries that is not an ooc dataset "
+                              "(no readable catalog.lmdb); --overwrite replaces only an existing "
+                              "dataset, never other files: choose another --out or remove it yourself")
 
 
 def _slices(n: int, step: int) -> Iterator[tuple[int, int]]:
@@ -94,23 +132,42 @@ class DatasetWriter:
             ...
             w.commit(num_nodes=..., ...)
 
+    The writer holds ``out``'s exclusive lock (:class:`~ooc.storage.locks.PathLock`) from
+    construction to commit or abort: a second writer of the same target, or a reader of the
+    dataset being replaced, fails at once with the holder named (or waits, with ``wait``).
+
     Args:
         out: target dataset directory.
         overwrite: replace an existing dataset at ``out`` (only after the new one is complete).
+            Only an ooc dataset (a readable catalog with a manifest) is ever replaced: a file, or a
+            directory that is not a dataset, is refused whatever ``overwrite`` says.
+        inputs: the conversion's input files and folders; ``out`` may be none of them and may not
+            contain any of them.
+        wait: wait for the lock instead of failing (default: the process default, ``--wait``).
 
     Raises:
-        FileExistsError: ``out`` exists and ``overwrite`` is false.
+        FileExistsError: ``out`` exists and ``overwrite`` is false, or ``out`` is not a dataset.
+        ValueError: ``out`` is (or contains) one of ``inputs``.
+        LockError: another process reads or writes ``out``.
     """
 
-    def __init__(self, out: str | os.PathLike, overwrite: bool = False) -> None:
+    def __init__(self, out: str | os.PathLike, overwrite: bool = False,
+                 inputs: Iterable[str | os.PathLike] = (), wait: bool | None = None) -> None:
         self.out = Path(out).absolute()
-        if self.out.exists() and not overwrite:
-            raise FileExistsError(f"{self.out}: already exists (pass --overwrite to replace it)")
+        check_not_input(self.out, inputs)
         self.overwrite = overwrite
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_partials(self.out)
+        self._lock = PathLock(self.out, exclusive=True, wait=wait, what="dataset",
+                              purpose="write").acquire()
+        try:
+            check_replaceable(self.out, overwrite)
+            _remove_stale_partials(self.out)
+        except BaseException:
+            self._lock.release()
+            raise
         self.tmp = self.out.parent / f".{self.out.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
         self.tmp.mkdir()
+        register_partial(self.tmp)  # removed if a signal forces the process out
         self.arrays_root = self.tmp / "arrays.zarr"
         write_group_metadata(self.arrays_root)
         self.records: dict[str, dict] = {}
@@ -176,6 +233,7 @@ class DatasetWriter:
             "sources": self.sources,
         }
         man.update(manifest)
+        check_not_input(self.out, [src["path"] for src in self.sources])
         man["arrays"] = {k: {kk: v[kk] for kk in ("shape", "dtype", "chunk_rows")}
                          for k, v in self.records.items()}
         ds = Dataset(self.tmp, _manifest=man)
@@ -202,13 +260,17 @@ class DatasetWriter:
             os.rename(self.tmp, self.out)
         fsync_dir(self.out.parent)
         self._done = True
+        forget_partial(self.tmp)
+        self._lock.release()
         return self.out
 
     def abort(self) -> None:
-        """Remove the partial directory."""
+        """Remove the partial directory (and release the lock)."""
         if not self._done:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self._done = True
+        forget_partial(self.tmp)
+        self._lock.release()
 
     def __enter__(self) -> "DatasetWriter":
         return self
@@ -236,10 +298,22 @@ class ArrayGroupWriter:
     Raises:
         DatasetError: not a dataset, or the parent group is missing.
         FileExistsError: the group exists and ``overwrite`` is false.
+        LockError: another process reads or writes the dataset (held exclusively until commit).
     """
 
-    def __init__(self, path: str | os.PathLike, group: str, overwrite: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike, group: str, overwrite: bool = False,
+                 wait: bool | None = None) -> None:
         self.path = Path(path)
+        # held until commit / abort: readers of the dataset (ooc train) and other writers excluded
+        self._lock = PathLock(self.path, exclusive=True, wait=wait, what="dataset",
+                              purpose=f"add {group} to").acquire()
+        try:
+            self._init(group, overwrite)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _init(self, group: str, overwrite: bool) -> None:
         self.ds = Dataset(self.path)  # validates the dataset
         self.group = group.strip("/")
         prefix = self.group + "/"
@@ -251,10 +325,9 @@ class ArrayGroupWriter:
         if not (self.final.parent / "zarr.json").exists():
             raise DatasetError(f"{self.path}: no group {self.final.parent.name} to add {self.group} to")
         _remove_stale_partials(self.final)
-        for p in self.final.parent.glob(f".{self.final.name}.old-*"):
-            shutil.rmtree(p, ignore_errors=True)
         self.tmp = self.final.parent / f".{self.final.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
         self.tmp.mkdir()
+        register_partial(self.tmp)
         write_group_metadata(self.tmp)
         self.records: dict[str, dict] = {}
         self._done = False
@@ -305,13 +378,17 @@ class ArrayGroupWriter:
             cat.close()
         self._done = True
         self.ds.close()
+        forget_partial(self.tmp)
+        self._lock.release()
 
     def abort(self) -> None:
-        """Remove the partial directory."""
+        """Remove the partial directory (and release the lock)."""
         if not self._done:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self._done = True
             self.ds.close()
+        forget_partial(self.tmp)
+        self._lock.release()
 
     def __enter__(self) -> "ArrayGroupWriter":
         return self
@@ -339,12 +416,80 @@ def _fault_point(name: str) -> None:
 
 
 
+def _first_outside_blocks(arr: RawArray, lo: int, hi: int, step: int) -> tuple[int, int] | None:
+    """``(position, value)`` of the first entry of a 1-D array outside ``[lo, hi)``, scanned in
+    blocks of ``step`` entries; None when every entry is inside."""
+    from ooc.kernels.verify import first_outside
+    for s in range(0, arr.shape[0], step):
+        block = arr.read(s, min(s + step, arr.shape[0]))
+        i = first_outside(block, lo, hi)
+        if i >= 0:
+            return s + int(i), int(block[i])
+    return None
+
+
 def _tool_version() -> str:
     try:
         from importlib.metadata import version
         return version("ooc-gnn")
     except Exception:  # pragma: no cover
         return "unknown"
+
+
+def _open_catalog(path: Path) -> Catalog:
+    """The dataset's catalog opened read-only; a missing or unreadable one is a DatasetError."""
+    import lmdb
+    try:
+        return Catalog(path / "catalog.lmdb")
+    except FileNotFoundError as e:
+        raise DatasetError(str(e)) from None
+    except (lmdb.Error, OSError) as e:
+        raise DatasetError(f"{path / 'catalog.lmdb'}: LMDB catalog unreadable ({type(e).__name__}: "
+                           f"{e}); the dataset is damaged: re-create it from its sources") from None
+
+
+def _catalog_json(cat: Catalog, key: str, path: Path) -> Any:
+    import json
+
+    import lmdb
+    try:
+        return cat.get_json(key)
+    except (lmdb.Error, OSError) as e:
+        raise DatasetError(f"{path / 'catalog.lmdb'}: cannot read key {key!r} ({type(e).__name__}: "
+                           f"{e}); the catalog is damaged") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DatasetError(f"{path / 'catalog.lmdb'}: key {key!r} is not valid JSON ({e}); the "
+                           "catalog is damaged") from None
+
+
+def read_manifest(path: str | os.PathLike) -> dict:
+    """The manifest of the dataset at ``path``.
+
+    Raises:
+        DatasetError: no catalog, an unreadable (corrupt) catalog, a manifest that is missing or
+            not a JSON object; the message names the catalog file and key.
+    """
+    p = Path(path)
+    cat = _open_catalog(p)
+    try:
+        man = _catalog_json(cat, "manifest", p)
+    finally:
+        cat.close()
+    if man is None:
+        raise DatasetError(f"{p}: catalog has no manifest")
+    if not isinstance(man, dict):
+        raise DatasetError(f"{p / 'catalog.lmdb'}: key 'manifest' holds {type(man).__name__}, "
+                           "expected a JSON object")
+    return man
+
+
+def is_dataset(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is an ooc dataset directory with a readable catalog and manifest."""
+    try:
+        read_manifest(path)
+        return True
+    except DatasetError:
+        return False
 
 
 class Dataset:
@@ -355,31 +500,37 @@ class Dataset:
 
     Args:
         path: dataset directory.
+        verify: ``checksums`` (chunks of every array from :meth:`raw` checked against the
+            catalog on first use), ``structure`` or ``none``; default: the process's
+            :func:`~ooc.storage.verify.read_verification` (``none`` unless a command set it).
 
     Raises:
-        DatasetError: not an ooc dataset, or a format version this code cannot read.
+        DatasetError: not an ooc dataset (a file, no catalog, a damaged catalog or manifest), or a
+            format version this code cannot read.
     """
 
-    def __init__(self, path: str | os.PathLike, _manifest: dict | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, _manifest: dict | None = None,
+                 verify: str | None = None) -> None:
         self.path = Path(path)
+        #: ``checksums``: arrays from :meth:`raw` check each chunk on first use (see
+        #: :mod:`ooc.storage.verify`); ``structure`` / ``none``: they do not
+        self.verify = read_verification() if verify is None else verify
+        self._from_catalog = _manifest is None
         if _manifest is None:
-            if not self.path.is_dir():
+            if not self.path.exists():
                 raise DatasetError(f"{self.path}: no such dataset directory")
-            try:
-                cat = Catalog(self.path / "catalog.lmdb")
-            except FileNotFoundError as e:
-                raise DatasetError(str(e)) from None
-            try:
-                _manifest = cat.get_json("manifest")
-            finally:
-                cat.close()
-            if _manifest is None:
-                raise DatasetError(f"{self.path}: catalog has no manifest")
+            if not self.path.is_dir():
+                raise DatasetError(f"{self.path}: is a file, not a dataset directory")
+            _manifest = read_manifest(self.path)
         self.manifest: dict = _manifest
         v = self.manifest.get("format_version")
         if v != FORMAT_VERSION:
             raise DatasetError(f"{self.path}: format version {v}, this ooc reads {FORMAT_VERSION}")
+        if not isinstance(self.manifest.get("arrays"), dict) or "num_nodes" not in self.manifest:
+            raise DatasetError(f"{self.path}: catalog manifest lacks 'arrays' or 'num_nodes' "
+                               "(not written by ooc, or damaged)")
         self._cache: dict[str, Any] = {}
+        self._checksums: dict[str, dict] | None = None
 
     # ------------------------------------------------------------ metadata
     @property
@@ -396,6 +547,9 @@ class Dataset:
 
     @property
     def feat_dim(self) -> int:
+        """Feature width D; 0 when the dataset has no ``nodes/features``."""
+        if not self.has("features"):
+            return 0
         shape = self.manifest["arrays"][ARRAY_NAMES["features"]]["shape"]
         return int(shape[1]) if len(shape) > 1 else 1
 
@@ -413,8 +567,26 @@ class Dataset:
         if key not in self._cache:
             if rel not in self.manifest["arrays"]:
                 raise DatasetError(f"{self.path}: dataset has no array {rel}")
-            self._cache[key] = RawArray(self.path / "arrays.zarr" / rel)
+            try:
+                arr = RawArray(self.path / "arrays.zarr" / rel)
+            except (ValueError, KeyError, TypeError) as e:
+                raise DatasetError(f"{self.path}: array {rel}: {e}") from None
+            if self.verify == "checksums" and self._from_catalog:
+                arr.verifier = verifier_for(self.path, rel, arr.path, arr.num_chunks, arr.chunk_key,
+                                            self.checksums(rel))
+            self._cache[key] = arr
         return self._cache[key]
+
+    def checksums(self, rel: str) -> dict[str, str]:
+        """``{chunk_key: blake2b hex}`` of array ``rel`` from the catalog (read once)."""
+        if self._checksums is None:
+            cat = _open_catalog(self.path)
+            try:
+                self._checksums = {k[len("checksums/"):]: _catalog_json(cat, k, self.path)
+                                   for k in cat.keys("checksums/")}
+            finally:
+                cat.close()
+        return self._checksums.get(rel, {})
 
     def load(self, name: str) -> np.ndarray:
         """Array ``name`` read fully into memory (cached)."""
@@ -473,10 +645,16 @@ class Dataset:
     def check_structure(self) -> list[str]:
         """Structural invariants; returns a list of problems (empty when the dataset is sound).
 
-        Checks: indptr starts at 0, is non-decreasing and ends at E; indices in ``[0, N)``; features
-        and labels have N rows; splits in range, sorted, unique and pairwise disjoint; partition
-        offsets cover ``[0, N]`` with no empty partition.
+        Checks: every array's ``zarr.json`` agrees with the manifest (shape, dtype, chunk rows) and
+        its chunk files have their full size; indptr starts at 0, is non-decreasing and ends at E;
+        indices in ``[0, N)``; features and labels have N rows; labels in ``[-1, C)`` (C =
+        ``num_classes``); splits in range, sorted, unique and pairwise disjoint; partition offsets
+        cover ``[0, N]`` with no empty partition; ``nodes/perm`` is a permutation.  The scans are
+        Numba loops over blocks of at most 16 M entries (no node-sized temporaries except the
+        permutation check's byte per node); each problem names the array and the first offending
+        position or id.
         """
+        from ooc.kernels.verify import first_common, first_decrease, first_not_increasing, first_outside
         problems: list[str] = []
         arrays = self.manifest["arrays"]
         n = self.num_nodes
@@ -485,25 +663,47 @@ class Dataset:
                 problems.append(f"missing array {ARRAY_NAMES[req]}")
         if problems:
             return problems
-        ip = self.raw("indptr").read_all()
-        if ip.shape != (n + 1,):
-            problems.append(f"topology/indptr has shape {ip.shape}, expected ({n + 1},)")
-        elif ip[0] != 0 or ip[-1] != self.num_edges or any(
-                np.any(ip[a + 1:b + 1] < ip[a:b]) for a, b in _slices(n, 1 << 20)):
-            problems.append("topology/indptr is not a monotone offset array from 0 to E")
-        del ip  # checked in slices: no node-sized temporaries (this runs inside `ooc partition`'s budget)
-        idx = self.raw("indices")
+        problems += self._check_metadata()
+        if problems:  # reads below would trust broken metadata
+            return problems
         step = 1 << 24
-        for s in range(0, idx.shape[0], step):
-            block = idx.read(s, min(s + step, idx.shape[0]))
-            if block.size and (block.min() < 0 or block.max() >= n):
-                bad = block[(block < 0) | (block >= n)][0]
-                problems.append(f"topology/indices holds node id {bad} outside [0, {n})")
-                break
+        ipa = self.raw("indptr")
+        e_total = self.num_edges
+        if ipa.shape != (n + 1,):
+            problems.append(f"topology/indptr has shape {ipa.shape}, expected ({n + 1},)")
+        else:
+            prev = None
+            for s in range(0, n + 1, step):
+                blk = ipa.read(s, min(s + step, n + 1))
+                if s == 0 and blk[0] != 0:
+                    problems.append(f"{_NOT_MONOTONE}: indptr[0] is {blk[0]}, expected 0")
+                    break
+                if prev is not None and blk[0] < prev:
+                    problems.append(f"{_NOT_MONOTONE}: decreases at node {s - 1} ({prev} -> {blk[0]})")
+                    break
+                i = first_decrease(blk)
+                if i >= 0:
+                    problems.append(f"{_NOT_MONOTONE}: decreases at node {s + i} "
+                                    f"({blk[i]} -> {blk[i + 1]})")
+                    break
+                prev = blk[-1]
+            else:
+                if prev != e_total:
+                    problems.append(f"{_NOT_MONOTONE}: ends at {prev}, expected E = {e_total}")
+        hit = _first_outside_blocks(self.raw("indices"), 0, n, step)
+        if hit is not None:
+            problems.append(f"topology/indices[{hit[0]}] holds node id {hit[1]} outside [0, {n})")
         for name in ("features", "labels", "node_type"):
             rel = ARRAY_NAMES[name]
             if rel in arrays and arrays[rel]["shape"][0] != n:
                 problems.append(f"{rel} has {arrays[rel]['shape'][0]} rows, expected {n}")
+        rel = ARRAY_NAMES["labels"]
+        c = self.num_classes
+        if rel in arrays and len(arrays[rel]["shape"]) == 1 and c > 0 and not problems:
+            hit = _first_outside_blocks(self.raw("labels"), -1, c, step)
+            if hit is not None:
+                problems.append(f"nodes/labels[{hit[0]}] is {hit[1]}, outside [-1, {c}) "
+                                f"(num_classes {c}; -1 = unlabelled)")
         rel = ARRAY_NAMES["edge_weight"]
         if rel in arrays and arrays[rel]["shape"][0] != self.num_edges:
             problems.append(f"{rel} has {arrays[rel]['shape'][0]} rows, expected E = {self.num_edges}")
@@ -511,18 +711,23 @@ class Dataset:
         for s in SPLITS:
             if ARRAY_NAMES[s] in arrays:
                 ids = self.raw(s).read_all().astype(np.int64)
-                if ids.size and (ids.min() < 0 or ids.max() >= n):
-                    problems.append(f"split {s} holds ids outside [0, {n})")
-                elif ids.size > 1 and np.any(np.diff(ids) <= 0):
-                    problems.append(f"split {s} is not sorted and unique")
+                i = first_outside(ids, 0, n)
+                if i >= 0:
+                    problems.append(f"split {s} holds id {ids[i]} (position {i}) outside [0, {n})")
+                    continue
+                i = first_not_increasing(ids)
+                if i >= 0:
+                    problems.append(f"split {s} is not sorted and unique (position {i}: {ids[i]}, "
+                                    f"then {ids[i + 1]})")
+                    continue
                 seen[s] = ids
         names = list(seen)
         for i in range(len(names)):
             for j in range(i + 1, len(names)):
-                common = np.intersect1d(seen[names[i]], seen[names[j]])
-                if common.size:
-                    problems.append(f"splits {names[i]} and {names[j]} share {common.size} nodes "
-                                    f"(first: {common[0]})")
+                count, first = first_common(seen[names[i]], seen[names[j]])
+                if count:
+                    problems.append(f"splits {names[i]} and {names[j]} share {count} nodes "
+                                    f"(first: {first})")
         problems += self._check_id_map()
         if ARRAY_NAMES["partition_offsets"] in arrays:
             off = self.raw("partition_offsets").read_all()
@@ -530,13 +735,48 @@ class Dataset:
                 problems.append("partitions/offsets must rise strictly from 0 to N (no empty partition)")
         if "nodes/perm" in arrays:  # written by `ooc partition`: perm[new id] = original id
             perm = self.raw("nodes/perm").read_all()
-            ok = perm.shape == (n,) and (n == 0 or (perm.min() >= 0 and perm.max() < n))
+            ok = perm.shape == (n,) and (n == 0 or first_outside(perm, 0, n) < 0)
             if ok:  # n ids in [0, N) that hit every id once: a permutation (1 byte per node to check)
                 hit = np.zeros(n, dtype=np.bool_)
                 hit[perm] = True
                 ok = bool(hit.all())
             if not ok:
                 problems.append("nodes/perm is not a permutation of [0, N)")
+        return problems
+
+    def _check_metadata(self) -> list[str]:
+        """Each manifest array's ``zarr.json`` agrees with it and its chunk files are full size."""
+        problems: list[str] = []
+        for rel, rec in sorted(self.manifest["arrays"].items()):
+            try:
+                arr = self.raw(rel)
+            except (DatasetError, FileNotFoundError) as e:
+                problems.append(str(e))
+                continue
+            meta = self.path / "arrays.zarr" / rel / "zarr.json"
+            try:
+                want_shape = tuple(int(x) for x in rec["shape"])
+                want = (want_shape, np.dtype(rec["dtype"]), int(rec["chunk_rows"]))
+            except (KeyError, TypeError, ValueError) as e:
+                problems.append(f"manifest record of {rel} is malformed ({e})")
+                continue
+            got = (arr.shape, arr.dtype, arr.chunk_rows)
+            for what, w, g in zip(("shape", "dtype", "chunk rows"), want, got):
+                if w != g:
+                    problems.append(f"{meta}: {what} {g} disagrees with the manifest ({w})")
+            if got != want:
+                continue
+            for i in range(arr.num_chunks):
+                f = arr.chunk_path(i)
+                try:
+                    size = f.stat().st_size
+                except FileNotFoundError:
+                    problems.append(f"{rel}: chunk {arr.chunk_key(i)} ({f}) is missing")
+                    break
+                if size != arr.chunk_bytes:
+                    problems.append(f"{rel}: chunk {arr.chunk_key(i)} ({f}) holds {size} bytes, "
+                                    f"expected {arr.chunk_bytes}")
+                    break
         return problems
 
     def _check_id_map(self) -> list[str]:

@@ -521,6 +521,8 @@ class DiskRows:
 
         Raises:
             IndexError: rows outside the array; ValueError: ``dst`` too small or misaligned.
+            CorruptChunkError: a chunk fails its checksum (the array has a verifier; each chunk
+            is checked once per process, before its first read).
         """
         if not 0 <= start <= stop <= self.shape[0]:
             raise IndexError(f"{self.arr.path}: rows [{start}, {stop}) outside [0, {self.shape[0]})")
@@ -529,6 +531,9 @@ class DiskRows:
             raise ValueError(f"destination of {dst.shape[0]} bytes for a {nbytes}-byte read")
         if self.direct and dst.ctypes.data % ALIGN:
             raise ValueError("O_DIRECT destination is not 4 KiB aligned")
+        v = getattr(self.arr, "verifier", None)  # chunks checked once per process, on first use
+        if v is not None and not v.complete:
+            v.ensure_rows(start, stop, self.arr.chunk_rows)
         reqs = self.range_requests(start, stop) if nbytes else []
         items = [(o, n, o - off) for o, n in reqs]
         args = [(self.fds, self.chunk_bytes, o, n, dst, d, n, self.align) for o, n, d in items]
@@ -578,6 +583,7 @@ class DiskRows:
 
         Raises:
             IndexError: an id is out of range; OSError: a short read.
+            CorruptChunkError: a chunk fails its checksum (checked once per process, first use).
         """
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         n = ids.shape[0]
@@ -598,6 +604,9 @@ class DiskRows:
             pos = np.arange(uniq.shape[0], dtype=np.int64)
         else:
             uniq, dst, pos = sids, flat, order
+        v = getattr(self.arr, "verifier", None)
+        if v is not None and not v.complete:
+            v.ensure(np.unique(uniq // self.arr.chunk_rows))
         chunk, start, size, first = self.plan(uniq)
         if self._aio is not None:
             total, reqs, status = self._aio.read(self.fds, chunk, start, size, first, uniq,
@@ -730,6 +739,16 @@ class NeighborReader:
         np.cumsum(deg, out=ptr[1:])
         sptr = ptr[order]  # where each sorted node's list goes in the output
         out = np.empty(int(ptr[-1]) * self.itemsize, dtype=np.uint8)
+        v = getattr(self.indices, "verifier", None)
+        if v is not None and not v.complete and snodes.shape[0]:
+            lo = self.indptr[snodes] * self.itemsize
+            hi = self.indptr[snodes + 1] * self.itemsize
+            has = hi > lo
+            cb = self.indices.chunk_bytes
+            first_c, last_c = lo[has] // cb, (hi[has] - 1) // cb
+            wide = np.flatnonzero(last_c - first_c > 1)  # lists spanning more than two chunks
+            extra = [np.arange(first_c[i], last_c[i] + 1) for i in wide.tolist()]
+            v.ensure(np.concatenate([first_c, last_c, *extra]))
         # one chunk file: any chunk size past the end of the file
         chunk_bytes = self.indices.chunk_bytes if self.indices.num_chunks > 1 else 1 << 62
         total, reqs, big, err = _read_lists(self._rows.fds, chunk_bytes, self.itemsize, self.indptr,

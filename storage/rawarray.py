@@ -22,6 +22,8 @@ from typing import Iterator
 
 import numpy as np
 
+from ooc.util.files import write_to
+
 __all__ = ["RawArray", "RawArrayWriter", "write_array", "write_group_metadata", "choose_chunk_rows"]
 
 PAGE = mmap.PAGESIZE
@@ -84,7 +86,8 @@ class RawArray:
         path: the array's directory (holding ``zarr.json`` and ``c/<i>/0...`` chunk files).
 
     Raises:
-        ValueError: the array is compressed, big-endian or chunked along a trailing axis.
+        ValueError: the array is compressed, big-endian or chunked along a trailing axis, or its
+            ``zarr.json`` is not valid JSON / Zarr v3 array metadata (the file is named).
         FileNotFoundError: ``path/zarr.json`` is missing.
     """
 
@@ -95,6 +98,24 @@ class RawArray:
             meta = json.loads(meta_file.read_text())
         except FileNotFoundError:
             raise FileNotFoundError(f"{meta_file}: Zarr array metadata missing") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{meta_file}: not valid JSON ({e})") from None
+        try:
+            self._parse(meta)
+        except (KeyError, TypeError, IndexError, ValueError, AttributeError) as e:
+            if isinstance(e, ValueError) and str(e).startswith(str(self.path)):
+                raise
+            raise ValueError(f"{meta_file}: not Zarr v3 array metadata ooc can read "
+                             f"({type(e).__name__}: {e})") from None
+        self._fds: dict[int, int] = {}
+        self._map_base: int | None = None
+        self._map_len = 0
+        self._mapped: np.ndarray | None = None
+        #: :class:`~ooc.storage.verify.ChunkVerifier` checking chunks on first use (set by
+        #: :meth:`Dataset.raw <ooc.storage.dataset.Dataset.raw>`; None: no checksum checks)
+        self.verifier = None
+
+    def _parse(self, meta: dict) -> None:
         codecs = meta.get("codecs", [])
         if len(codecs) != 1 or codecs[0]["name"] != "bytes" or \
                 codecs[0].get("configuration", {}).get("endian", "little") != "little":
@@ -110,11 +131,9 @@ class RawArray:
         self.row_items = int(np.prod(self.shape[1:], dtype=np.int64)) if len(self.shape) > 1 else 1
         self.row_bytes = self.row_items * self.dtype.itemsize
         self.chunk_bytes = self.chunk_rows * self.row_bytes
+        if self.chunk_rows < 1 or any(d < 0 for d in self.shape):
+            raise ValueError(f"shape {list(self.shape)} / chunk rows {self.chunk_rows} invalid")
         self.num_chunks = -(-self.shape[0] // self.chunk_rows) if self.shape[0] else 0
-        self._fds: dict[int, int] = {}
-        self._map_base: int | None = None
-        self._map_len = 0
-        self._mapped: np.ndarray | None = None
 
     # ------------------------------------------------------------------ files
     def chunk_key(self, i: int) -> str:
@@ -169,9 +188,12 @@ class RawArray:
         Raises:
             IndexError: the range is outside the array.
             OSError: a chunk file is shorter than its declared size (truncated dataset).
+            CorruptChunkError: a chunk fails its checksum (with a :attr:`verifier`).
         """
         if not 0 <= start <= stop <= self.shape[0]:
             raise IndexError(f"{self.path}: rows [{start}, {stop}) outside [0, {self.shape[0]})")
+        if self.verifier is not None:
+            self.verifier.ensure_rows(start, stop, self.chunk_rows)
         n = stop - start
         if out is None:
             out = np.empty((n, *self.shape[1:]), dtype=self.dtype)
@@ -218,7 +240,9 @@ class RawArray:
             bad = ids[(ids < 0) | (ids >= self.shape[0])][0]
             raise IndexError(f"{self.path}: row id {bad} outside [0, {self.shape[0]})")
         if self.mappable:
-            np.take(self.mmap(), ids, axis=0, out=out)
+            if self.verifier is not None and not self.verifier.complete:
+                self.verifier.ensure(np.unique(ids // self.chunk_rows))
+            np.take(self._map(), ids, axis=0, out=out)
             return out, int(np.unique(ids).shape[0]) * self.row_bytes
         return self.gather_pread(ids, out)
 
@@ -260,9 +284,18 @@ class RawArray:
         The returned array behaves like an ordinary C-contiguous ndarray (Numba kernels accept it)
         while the data stays on disk, paged in on access.  Linux only (uses ``mmap(MAP_FIXED)``).
 
+        With a :attr:`verifier`, every chunk is checked first (page faults cannot be checked).
+
         Raises:
             OSError: a chunk file is missing or shorter than a chunk.
+            CorruptChunkError: a chunk fails its checksum.
         """
+        if self.verifier is not None:
+            self.verifier.ensure_all()
+        return self._map()
+
+    def _map(self) -> np.ndarray:
+        """:meth:`mmap` without the checksum pass (callers check the chunks they use)."""
         if self._mapped is not None:
             return self._mapped
         if self.shape[0] == 0:
@@ -383,7 +416,7 @@ class RawArrayWriter:
         target.parent.mkdir(parents=True, exist_ok=True)
         data = memoryview(self._pending).cast("B")  # no copy of the chunk
         with open(target, "wb") as f:
-            f.write(data)
+            write_to(f, data, target)
         self.checksums[key] = hashlib.blake2b(data, digest_size=16).hexdigest()
         self._chunk += 1
         self._fill = 0

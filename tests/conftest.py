@@ -78,6 +78,33 @@ def small_dataset(path: Path, num_nodes: int, src: list[int], dst: list[int], fe
                                {"train": np.arange(num_nodes)}, 2, "small", **kw)
 
 
+def ogb_folder(root: Path, num_nodes: int = 600, num_classes: int = 2, features: bool = False,
+               seed: int = 0) -> Path:
+    """Write an OGB node-property raw folder (the layout ``ooc convert ogb`` reads) of a planted
+    two-community graph: ``raw/edge.csv.gz`` (each undirected edge once), ``num-node-list``,
+    ``node-label``, ``node-feat`` (8 noisy class-centroid columns, only with ``features``) and
+    ``split/random/{train,valid,test}.csv.gz`` (50 / 20 / 30 % of the nodes).  Name ``root``
+    after a real OGB dataset (``ogbn_arxiv``) for OGB's Evaluator to accept it."""
+    import gzip
+    from ooc.kernels.generators import planted_partition
+    g = planted_partition(num_nodes, num_classes=num_classes, avg_degree=8, p_intra=0.9, feat_dim=8,
+                          noise=3.0, seed=seed, train_frac=0.5, valid_frac=0.2, test_frac=0.3)
+
+    def write(path: Path, lines: list[str]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with gzip.open(path, "wt") as f:
+            f.write("".join(line + "\n" for line in lines))
+
+    write(root / "raw" / "edge.csv.gz", [f"{a},{b}" for a, b in zip(g.src, g.dst)])
+    write(root / "raw" / "num-node-list.csv.gz", [str(num_nodes)])
+    write(root / "raw" / "node-label.csv.gz", [str(int(v)) for v in g.labels])
+    if features:
+        write(root / "raw" / "node-feat.csv.gz", [",".join(f"{v:.5f}" for v in r) for r in g.features])
+    for name, ids in (("train", g.train), ("valid", g.valid), ("test", g.test)):
+        write(root / "split" / "random" / f"{name}.csv.gz", [str(int(i)) for i in ids])
+    return root
+
+
 def start_paused(args: list[str], env: dict[str, str], marker: Path, timeout: float = 120.0):
     """Start ``python -m ooc.tools.cli ARGS`` with ``env`` (a fault-point pause such as
     ``OOC_FAULT_PAUSE=<point>:<s>:<marker>``) and return the process once it has touched ``marker``,

@@ -143,6 +143,8 @@ def _train(ds: Path, out: Path, args: list[str], python: str = sys.executable,
            cwd: Path | None = None) -> dict:
     """``ooc train DS --output-dir OUT ARGS`` in a fresh ``python`` process (from ``cwd``: the
     checkout whose ``ooc`` it imports), page cache dropped first; its metrics.json."""
+    import shutil
+    shutil.rmtree(out, ignore_errors=True)  # the bench's own run folder from an earlier round
     drop_caches()
     cmd = [python, "-m", "ooc.tools.cli", "train", str(ds), "--output-dir", str(out),
            "--no-progress", *args]
@@ -268,7 +270,7 @@ def run_bench_ooc(workdir: Path, nodes: int, feat_dim: int, parts: int, budget: 
         d0.close()
         del sres
         t = time.perf_counter()
-        _, pres = partition_dataset(ds_path, parts, "metis", memory_budget="2GB")
+        _, pres = partition_dataset(ds_path, parts, "metis", memory_budget="12GB")
         res["partition_s"] = time.perf_counter() - t
         res["partition"] = {k: v for k, v in pres.summary().items()
                             if k not in ("sizes", "train_per_part")}
@@ -343,6 +345,7 @@ def run_planetoid_table(shared: Path, workdir: Path, names: list[str], seeds: in
     from ooc.compress import compress_dataset
     from ooc.ingest.convert import convert_planetoid
     from ooc.training.loop import train
+    from ooc.training.rundir import set_run_control
     rows = []
     for name in names:
         ds = convert_planetoid(shared / name / "planetoid", name, workdir / name, overwrite=True)
@@ -359,7 +362,7 @@ def run_planetoid_table(shared: Path, workdir: Path, names: list[str], seeds: in
                                   seed=s, mode=mode.removesuffix("-pq"),
                                   miss_features="pq" if mode == "hybrid-pq" else "disk",
                                   eval_every=eval_every, progress=False)
-                m = train(cfg)
+                m = train(set_run_control(cfg, overwrite=True))  # reruns replace their runs
                 accs.append(m["test_acc"])
                 hits.append(m["buffer_hit_ratio"])
             runs[(mode, c)] = (accs, hits)

@@ -49,6 +49,7 @@ def _graph_options(args: argparse.Namespace) -> "GraphOptions":
         num_nodes=args.num_nodes, ids=args.ids, one_based=args.one_based, undirected=args.undirected,
         self_loops=args.self_loops, dedup=args.dedup, feat_dtype=args.feat_dtype,
         nan_policy=args.nan_policy, memory_budget=args.memory_budget, partitions=args.partitions,
+        num_classes=args.num_classes,
         node_types=parse_node_types(args.node_types) if args.node_types else [],
         src_type=args.src_type, dst_type=args.dst_type, progress=args.progress, name=args.name,
         split_random=parse_fractions(args.split_random) if args.split_random else None,
@@ -134,6 +135,8 @@ def _add_graph_args(p: argparse.ArgumentParser, node_files: bool = True) -> None
     p.add_argument("--name", help="dataset name (default: the input's name)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
     p.add_argument("--num-nodes", type=_count, help="declared node count N (ids must be below it)")
+    p.add_argument("--num-classes", type=_count,
+                   help="declared class count C: labels in [-1, C) (default: labels dense 0..C-1)")
     p.add_argument("--ids", choices=["dense", "map", "string", "typed"], default="dense",
                    help="dense: ids are 0..N-1; map: sparse 64-bit ids renumbered in order; "
                         "string: any token; typed: per-type ids (--node-types)")
@@ -156,6 +159,7 @@ def _add_graph_args(p: argparse.ArgumentParser, node_files: bool = True) -> None
     p.add_argument("--stratify", action="store_true",
                    help="with --split-random: keep each class's share in every split")
     p.add_argument("--split-seed", type=int, default=0, help="seed of --split-random (default 0)")
+    p.add_argument("--wait", action="store_true", help="wait for a process using --out")
     if node_files:
         p.add_argument("--labels", help="labels: text table (id, label: integers, true/false or "
                                         "class names) or .npy [N]")
@@ -281,7 +285,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     from ooc.storage.dataset import Dataset
-    ds = Dataset(args.dataset)
+    ds = Dataset(args.dataset, verify="none")  # every problem listed: chunks re-hashed below
     problems = ds.check_structure()
     if not args.structure_only:
         problems += ds.verify_checksums()
@@ -328,29 +332,52 @@ def _print_summary(m: dict) -> None:
         name = "micro-F1" if m.get("metric") == "micro_f1" else "accuracy"
         print(f"test {name} {m['test_acc']:.4f} (best validation {m['val_acc']:.4f} at epoch "
               f"{m['best_epoch']})")
+        ogb = m.get("ogb") or {}
+        for k in sorted(k for k in m if k.startswith("test_ogb_")):
+            v = "val" + k[4:]
+            print(f"test ogb {k[9:]:<5} {m[k]:.4f} (OGB's {ogb.get('dataset')} Evaluator"
+                  + (f"; validation {m[v]:.4f}" if v in m else "") + ")")
+        if ogb.get("note"):
+            print(f"note          {ogb['note']}")
     if m["epoch_time_s"]:
         print(f"epoch time    {sum(m['epoch_time_s']) / len(m['epoch_time_s']):.2f} s mean over "
               f"{len(m['epoch_time_s'])} epochs" + (" (early stop)" if m.get("stopped_early") else ""))
-    print(f"I/O           {_human(m['bytes_read'])} read, buffer hit ratio {m['buffer_hit_ratio']:.3f}, "
-          f"{m['row_misses']:,} feature rows read from disk")
+    approx = int(m.get("approx_rows", 0))
+    outside = int(m["row_misses"])
+    print(f"I/O           {_human(m['bytes_read'])} read, buffer hit ratio {m['buffer_hit_ratio']:.3f}; "
+          f"{outside:,} feature rows not in the partition buffer (cache hit ratio "
+          f"{m.get('cache_hit_ratio', 0.0):.3f}" + (f", {approx:,} decoded from PQ codes" if approx else "")
+          + ", the rest read from disk)")
+    hist = m.get("history") or [{}]
+    machine = max((h.get("machine_data_peak_bytes", 0) for h in hist), default=0)
+    ranks = (m.get("distributed") or {}).get("world_size", 1)
     print(f"memory        buffer {_human(m['buffer_bytes'])} of {_human(m['dataset_feature_bytes'])} "
-          f"features; peak RSS {_human(m['peak_rss_bytes'])}")
-    if "mode" in m:
-        b = m["budget"]
-        print(f"engine        mode {m['mode']}, {b['slots']} of {b['num_parts']} partitions resident, "
-              f"swaps {m['swaps']}, cache hit ratio {m['cache_hit_ratio']:.3f} "
-              f"({_human(m['cache_bytes'])}), runtime overhead {_human(m['rss_baseline_bytes'])}")
-        if m.get("miss_features") == "pq":
-            print(f"pq            {m['approx_rows']:,} outer-hop rows decoded from PQ codes instead of "
-                  f"read ({_human(b.get('compressed', 0))} of codes in the budget)")
+          f"features; peak RSS {_human(m['peak_rss_bytes'])}" + (" (rank 0)" if ranks > 1 else "")
+          + f"; machine data peak {_human(machine)} over the runtime")
+    b = m["budget"]
+    budget = f"budget {_human(b['budget'])} planned {_human(b['planned'])}" if b.get("budget") else \
+        "no budget"
+    lowered = f", prefetch lowered to {b['prefetch']} to fit" if b.get("budget") and \
+        b.get("prefetch", 0) < m["config"].get("prefetch", 0) else ""
+    print(f"data path     mode {m['mode']}, {budget}{lowered}; {b['slots']} partition slots of "
+          f"{b['num_parts']} ({b['state_slots']} resident per state), swaps {m['swaps']}, cache "
+          f"{_human(m['cache_bytes'])}, runtime overhead {_human(m['rss_baseline_bytes'])}")
+    if m.get("miss_features") == "pq":
+        print(f"pq            {approx:,} outer-hop rows decoded from PQ codes instead of "
+              f"read ({_human(b.get('compressed', 0))} of codes in the budget)")
+    if m.get("device_cache_rows"):
+        print(f"device cache  {m['device_cache_rows']:,} rows ({_human(m['device_cache_bytes'])}, "
+              f"{m['device_cache_policy']}) on {m['device_cache_device']}, hit ratio "
+              f"{m['device_cache_hit_ratio']:.3f}")
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
     import copy
 
     from ooc.training.loop import train
+    from ooc.training.rundir import set_run_control
     from ooc.util.files import write_json_atomic
-    base = _train_config(args)
+    base = set_run_control(_train_config(args), overwrite=args.overwrite, wait=args.wait)
     from ooc.distributed.launch import launch_spec_from_args
     spec = launch_spec_from_args(args, base)  # --devices / --nnodes / torchrun: data-parallel
     if spec is not None:
@@ -396,14 +423,32 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_machine_budget(cfg: "TrainConfig", spec: object) -> None:
+    """Plan one machine's budget for its local ranks (as every rank will): a budget too small is
+    refused here, with its reason, instead of in every rank."""
+    from ooc.data.path import partition_offsets, plan_machine
+    from ooc.storage.dataset import Dataset
+    ds = Dataset(cfg.dataset)
+    try:
+        devices = spec.devices  # type: ignore[attr-defined]
+        kind = "cuda" if str(devices[0]).startswith("cuda") else "cpu"
+        plan_machine(cfg, ds, partition_offsets(cfg, ds), len(devices), kind, cfg.task,
+                     ds.num_edges if cfg.task == "link" else None)
+    finally:
+        ds.close()
+
+
 def _cmd_train_distributed(args: argparse.Namespace, cfg: "TrainConfig", spec: object) -> int:
     """``ooc train`` with ``--devices`` / ``--nnodes``, or one rank of a torchrun job."""
     import json
 
     from ooc.distributed.launch import run_cli
     if args.repeat > 1:
-        raise ValueError("--repeat is not supported with --devices / --nnodes / torchrun")
+        raise ValueError("--repeat is not supported with --devices / --nnodes / torchrun; run one "
+                         "job per seed (--seed S --output-dir RUN/seedS)")
     cfg.validate()
+    if spec != "torchrun":  # the launcher: refuse a budget too small before starting any process
+        _check_machine_budget(cfg, spec)
     rc = run_cli(cfg, bool(args.resume), spec if spec != "torchrun" else None)
     metrics = Path(cfg.output_dir) / "metrics.json"
     if rc == 0 and spec != "torchrun" and getattr(spec, "node_rank", 0) == 0 and metrics.exists():
@@ -421,9 +466,11 @@ def _cmd_train_distributed(args: argparse.Namespace, cfg: "TrainConfig", spec: o
 
 # ---------------------------------------------------------------- eval / predict
 def _cmd_eval(args: argparse.Namespace) -> int:
+    from ooc.training.rundir import guard_inference
     from ooc.training.runs import eval_run
-    res = eval_run(args.run, dataset=args.dataset, weights=args.weights, workdir=args.workdir,
-                   progress=not args.no_progress)
+    with guard_inference(args.run, args.dataset, args.verify, weights=args.weights):
+        res = eval_run(args.run, dataset=args.dataset, weights=args.weights, workdir=args.workdir,
+                       progress=not args.no_progress)
     for k in sorted(k for k in res if k.startswith(("val_", "test_"))):
         print(f"{k:<16} {res[k]:.4f}")
     print(f"exact layer-wise inference over all nodes in {res['time_s']:.1f} s; "
@@ -432,9 +479,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
+    from ooc.training.rundir import guard_inference
     from ooc.training.runs import predict_run
-    res = predict_run(args.run, args.out, what=args.what, dataset=args.dataset, weights=args.weights,
-                      workdir=args.workdir, progress=not args.no_progress)
+    with guard_inference(args.run, args.dataset, args.verify, weights=args.weights):
+        res = predict_run(args.run, args.out, what=args.what, dataset=args.dataset,
+                          weights=args.weights, workdir=args.workdir, progress=not args.no_progress)
     for name, shape in res["arrays"].items():
         print(f"{name:<10} {tuple(shape)}")
     print(f"wrote {res['out']} (rows in original node id order)")
@@ -476,6 +525,10 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                    help="override one option, e.g. --set model.hidden=256 (repeatable; wins over flags)")
     p.add_argument("--resume", metavar="RUN",
                    help="continue RUN from RUN/checkpoint.pt with RUN/config.yaml (bit-identical on CPU)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run in --output-dir if it holds one (default: refuse)")
+    p.add_argument("--wait", action="store_true",
+                   help="wait for a process holding the run directory or writing the dataset")
     p.add_argument("--repeat", type=int, default=1,
                    help="train N times with seeds seed..seed+N-1 and report mean +- std; {seed} / {i} "
                         "in the dataset path are replaced per run")
@@ -532,6 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", required=True, help="dataset directory to write")
     pl.add_argument("--feat-dtype", choices=["float32", "float16"], default="float32")
     pl.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+    pl.add_argument("--wait", action="store_true", help="wait for a process using --out")
     pl.set_defaults(func=_cmd_convert_planetoid)
 
     el = csub.add_parser("edgelist", help="text edge list (SNAP, CSV/TSV, Matrix Market body; .gz ok)",
@@ -625,6 +679,7 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("--memory-budget", default="2GB")
     rm.add_argument("--partitions", type=int)
     rm.add_argument("--progress", action="store_true")
+    rm.add_argument("--wait", action="store_true", help="wait for a process using --out")
     rm.set_defaults(func=_cmd_generate_rmat)
 
     bench = sub.add_parser("bench", help="benchmarks")
@@ -678,6 +733,9 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--workdir", help="folder for the per-layer Zarr arrays (default RUN/inference, "
                                          "removed afterwards)")
         q.add_argument("--no-progress", action="store_true")
+        q.add_argument("--verify", choices=["checksums", "structure"], default="checksums",
+                       help="dataset checks: structural scans, and chunk checksums on first read")
+        q.add_argument("--wait", action="store_true", help="wait for a process writing the run or dataset")
 
     ev = sub.add_parser("eval", help="exact layer-wise inference of a trained run; validation/test scores",
                         description="Full-neighbour inference over the whole graph, layer by layer, out "
@@ -691,8 +749,9 @@ def build_parser() -> argparse.ArgumentParser:
     run_args(pr)
     pr.add_argument("--out", required=True, help="preds.npy (one array, see --what) or preds.zarr "
                                                  "(group: pred, logits, embedding)")
-    pr.add_argument("--what", choices=["pred", "logits", "embedding"], default="pred",
-                    help="the array written to a .npy file (default: pred)")
+    pr.add_argument("--what", choices=["pred", "logits", "embedding"], default=None,
+                    help="the array written to a .npy file (default: pred; embedding for a "
+                         "link-prediction run)")
     pr.set_defaults(func=_cmd_predict)
 
     rep = sub.add_parser("report", help="loss/accuracy curves, I/O-stall timeline (PNG), summary table",
@@ -805,11 +864,15 @@ def main(argv: list[str] | None = None) -> int:
     from ooc.config import ConfigError
     from ooc.storage.dataset import DatasetError
     from ooc.ingest.planetoid import PlanetoidError
+    from ooc.storage.locks import set_lock_wait
+    from ooc.util.signals import Terminated, stop_on_signals
+    set_lock_wait(getattr(args, "wait", False))
     try:
         if args.command in _FIRST_RUN:
             from ooc.util.jit import first_run_notice
             first_run_notice(*_FIRST_RUN[args.command])
-        rc = int(args.func(args) or 0)
+        with stop_on_signals(command=f"ooc {args.command}"):
+            rc = int(args.func(args) or 0)
         sys.stdout.flush()  # inside the try: a reader that left shows here, not at interpreter exit
         return rc
     except BrokenPipeError:  # `ooc info DS | head`: the reader left; stop quietly, as a pipe tool does
@@ -821,8 +884,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ooc {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"ooc {args.command}: interrupted", file=sys.stderr)
+        print(f"ooc {args.command}: interrupted; partial output removed", file=sys.stderr)
         return 130
+    except Terminated as e:
+        print(f"ooc {args.command}: {e}; partial output removed", file=sys.stderr)
+        return 128 + e.signum
 
 
 if __name__ == "__main__":  # pragma: no cover

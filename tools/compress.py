@@ -44,4 +44,6 @@ def add_compress_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace existing codes")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--wait", action="store_true",
+                   help="wait for processes using the dataset (a training run) instead of failing")
     p.set_defaults(func=_cmd_compress)

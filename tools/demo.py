@@ -49,7 +49,8 @@ def run_demo(workdir: str | Path = "ooc-demo", nodes: int = 200_000, epochs: int
                       fanouts=[10, 10], batch_size=1024, epochs=epochs, seed=seed, partitions=parts,
                       buffer_partitions=3, hidden=64, lr=0.01, weight_decay=0.0, progress=progress,
                       mode="exact", cache_size="4MB")
-    m = train(cfg)
+    from ooc.training.rundir import set_run_control
+    m = train(set_run_control(cfg, overwrite=True))  # the demo's own run folder: rerunning replaces it
     from ooc.tools.cli import _print_summary
     print(f"[demo] out-of-core GraphSAGE, exact mode: {parts} partitions, {cfg.buffer_partitions} "
           "resident")

@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     from ooc.kernels.generators import planted_partition
     from ooc.ingest.convert import write_graph_dataset
     from ooc.training.loop import train
+    from ooc.training.rundir import set_run_control
 
     p = argparse.ArgumentParser(prog="python -m ooc.tools.gpu_check_training")
     p.add_argument("--workdir", default=None)
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
                               fanouts=[10, 10], batch_size=1024, epochs=5, hidden=64, heads=4,
                               partitions=8, buffer_partitions=2, progress=False,
                               device="cpu" if mode == "cpu" else "cuda", amp=mode == "cuda-amp")
-            m = train(cfg)
+            m = train(set_run_control(cfg, overwrite=True))  # reruns replace their runs
             finite = all(math.isfinite(v) for v in m["losses"])
             accs[mode] = m["test_acc"]
             line = f"{model:5s} {mode:9s} test {m['test_acc']:.4f} val {m['val_acc']:.4f} " \

@@ -50,4 +50,6 @@ def add_partition_parser(sub: argparse._SubParsersAction) -> None:
                         "the rewrite groups (default: 2GB)")
     p.add_argument("--no-edge-buckets", action="store_true",
                    help="skip partitions/buckets/* (edges grouped by source and destination partition)")
+    p.add_argument("--wait", action="store_true",
+                   help="wait for processes using the dataset (a training run) instead of failing")
     p.set_defaults(func=_cmd_partition)

@@ -155,9 +155,12 @@ class BudgetPlan:
         scratch: buffers kept between batches: the sampler's per-thread workspace (training and
             evaluation threads).
         compressed: PQ codes and centroids of every node (``--miss-features pq``).
+        embedding: a learnable node-embedding table kept in host memory (``--embedding D`` on
+            CPU): weights, gradient and optimiser state, per rank (each holds its replica).
         local_world: ranks of this machine sharing the budget; per_rank: bytes every one of them
             holds privately (node arrays, batches in flight, scratch, the resident subgraph of
-            buffer mode, a device cache kept in host memory), counted ``local_world`` times.
+            buffer mode, a device cache kept in host memory, a node-embedding table), counted
+            ``local_world`` times.
         prefetch: batches built ahead, as planned (lowered from the configured depth when the
             batches in flight would not fit otherwise; speed only, never results).
     """
@@ -180,6 +183,7 @@ class BudgetPlan:
     prefetch: int = 2
     slot_private: int = 0
     shared_slots: bool = True
+    embedding: int = 0
 
     @property
     def planned(self) -> int:
@@ -197,15 +201,19 @@ class BudgetPlan:
 
 def _staging_bytes(n: int, avg_deg: float, row_bytes: int, feat_dim: int, batch_size: int,
                    fanouts: list[int], prefetch: int, hidden: int, eval_batch_size: int = 0,
-                   eval_fanouts: list[int] | None = None, float_copy: bool = True) -> int:
+                   eval_fanouts: list[int] | None = None, float_copy: bool = True,
+                   embedding_dim: int = 0) -> int:
     """Bytes of batches in flight: ``prefetch + 2`` training batches (queued, being built, being
     trained) holding their rows in the storage dtype, plus the float32 copy (``float_copy``: rows
-    not stored as float32) and activations of the one being trained; or the same for two
-    evaluation batches (``eval_fanouts``; ``None``: full neighbourhoods), whichever is larger."""
+    not stored as float32) and activations of the one being trained (with node embeddings of
+    width ``embedding_dim``: the gathered rows and the concatenated input, 8 B per column); or the
+    same for two evaluation batches (``eval_fanouts``; ``None``: full neighbourhoods), whichever
+    is larger."""
     def need(bs: int, fo: list[int], alive: int) -> int:
         rows, edges = _batch_extent(n, avg_deg, bs, fo)
         queued = rows * (row_bytes + 24) + edges * 40  # rows, ids / labels, MFG arrays
-        return alive * queued + rows * ((4 * feat_dim if float_copy else 0) + 4 * hidden)
+        return alive * queued + rows * ((4 * feat_dim if float_copy else 0) + 8 * embedding_dim
+                                        + 4 * hidden)
 
     train = need(batch_size, fanouts, max(prefetch, 0) + 2)
     ev = need(eval_batch_size, list(eval_fanouts) if eval_fanouts else [-1] * len(fanouts), 2)
@@ -230,7 +238,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                 eval_fanouts: list[int] | None = None, compressed: int = 0, *,
                 local_world: int = 1, share: bool = True, per_rank_extra: int = 0,
                 topology_edges: int | None = None, min_state: int = 1,
-                float_copy: bool | None = None, lookahead: int = 0) -> BudgetPlan:
+                float_copy: bool | None = None, embedding: int = 0,
+                embedding_dim: int = 0, lookahead: int = 0) -> BudgetPlan:
     """Split one machine's ``budget`` between topology, node arrays, batches in flight, sampler
     scratch, compressed rows (``compressed`` bytes of PQ codes, see :mod:`ooc.features.pq`),
     partition slots and the CPU row cache.
@@ -247,7 +256,10 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
             prediction's message-passing graph, int64 indices).
         min_state: partitions a buffer state must hold (2 for link prediction's edge buckets).
         float_copy: the training step converts rows to float32 (storage not float32); default from
-            the dataset's feature dtype.
+            the dataset's feature dtype.  A dataset without features has rows of 0 bytes.
+        embedding: bytes of a node-embedding table held in host memory by every rank
+            (:func:`ooc.embedding.embedding_bytes`); embedding_dim: its width D (each batch's input
+            rows gain D float32 columns, counted with the batches in flight).
         lookahead: batches a look-ahead cache keeps sampled ahead (``--cache-policy belady``),
             charged per rank (:func:`ooc.data.lookahead.lookahead_bytes`); 0 = none.
 
@@ -256,17 +268,17 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
             partition slot for ``buffer``/``hybrid``, ``min_state`` + 1 with states), naming the sizes.
     """
     n, e = ds.num_nodes, ds.num_edges
-    feats = ds.features
-    row_bytes = feats.row_bytes
+    has_feats = ds.has("features")
+    row_bytes = ds.features.row_bytes if has_feats else 0
     idx_item = ds.raw("indices").dtype.itemsize
     if float_copy is None:
-        float_copy = np.dtype(feats.dtype) != np.float32
+        float_copy = has_feats and np.dtype(ds.features.dtype) != np.float32
     num_parts = offsets.shape[0] - 1
     sizes = np.diff(offsets)
     indptr = ds.indptr
     part_edges = indptr[offsets[1:]] - indptr[offsets[:-1]]
     lw = max(int(local_world), 1)
-    topo = 8 * (n + 1) + 8 * n  # indptr + degrees
+    topo = 8 * (n + 1) + 8 * n + 4 * n  # indptr, degrees, self-loop counts
     if topology_edges is not None:
         topo += 8 * int(topology_edges)
         e = int(topology_edges)
@@ -291,35 +303,45 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
 
     def staging(d: int) -> int:
         return _staging_bytes(n, e / max(n, 1), row_bytes, ds.feat_dim, batch_size, fanouts, d,
-                              hidden, eval_batch_size, eval_fanouts, float_copy)
+                              hidden, eval_batch_size, eval_fanouts, float_copy, embedding_dim)
 
     def slots_cost(k: int) -> int:
         return k * (slot if share else slot * lw) + lw * k * slot_private
 
     stage = staging(depth)
     if budget is None:
-        slots = min(buffer_partitions, num_parts)
+        # rows of 0 bytes (no features): slots hold nothing, every partition is resident
+        slots = num_parts if row_bytes == 0 and mode != "buffer" else min(buffer_partitions, num_parts)
         cache = cache_size or 0
     else:
         need_slots = 0 if mode == "exact" else min_state
         need_slots = min(need_slots, num_parts)
-        fixed = topo + compressed + lw * (nodes + scratch + per_rank_extra)
+        fixed = topo + compressed + lw * (nodes + scratch + per_rank_extra + embedding)
         while depth > 0 and fixed + lw * stage + slots_cost(need_slots) > budget:
             depth -= 1
             stage = staging(depth)
         avail = budget - fixed - lw * stage
         if avail < slots_cost(need_slots):
+            tr = _staging_bytes(n, e / max(n, 1), row_bytes, ds.feat_dim, batch_size, fanouts, depth,
+                                hidden, 0, None, float_copy)
+            ev = _staging_bytes(n, e / max(n, 1), row_bytes, ds.feat_dim, 0, fanouts, depth, hidden,
+                                eval_batch_size, eval_fanouts, float_copy)
+            which = (f" (the larger of training batches {format_bytes(tr)}: --batch-size, --fanout, "
+                     f"--prefetch; and evaluation batches {format_bytes(ev)}: --eval-batch-size, "
+                     "--eval-fanout; a batch's neighbourhood is at most the whole graph)")
             raise ValueError(
                 f"memory budget {format_bytes(budget)} too small"
                 + (f" for {lw} local ranks" if lw > 1 else "") + f": topology {format_bytes(topo)}, "
-                f"node arrays {format_bytes(nodes)}, batches in flight {format_bytes(stage)}, "
+                f"node arrays {format_bytes(nodes)}, batches in flight {format_bytes(stage)}{which}, "
                 f"sampler scratch {format_bytes(scratch)}"
                 + (" per rank" if lw > 1 else "")
                 + (f", PQ codes {format_bytes(compressed)}" if compressed else "")
                 + (f", host-side device cache {format_bytes(per_rank_extra)}" if per_rank_extra else "")
+                + (f", node embeddings {format_bytes(embedding)}" if embedding else "")
                 + (f", {need_slots} partition slot{'s' if need_slots > 1 else ''} "
                    f"{format_bytes(slots_cost(need_slots))}" if need_slots else "")
                 + " (use more partitions, --topology disk, a smaller batch or a larger budget"
+                + ("; or a smaller --embedding" if embedding else "")
                 + ("; or --miss-features disk / fewer `ooc compress --subspaces`" if compressed
                    else "") + ")")
         per_slot = slots_cost(1)
@@ -355,5 +377,5 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
         state = max(slots - 1, min(min_state, slots))
     return BudgetPlan(budget, int(topo), int(nodes), int(stage), int(slot), int(slots), int(state),
                       int(cache), int(cache_rows), int(group), num_parts, int(scratch),
-                      int(compressed), lw, int(nodes + stage + scratch + per_rank_extra), depth,
-                      int(slot_private), bool(share))
+                      int(compressed), lw, int(nodes + stage + scratch + per_rank_extra + embedding),
+                      depth, int(slot_private), bool(share), int(embedding))

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -45,8 +45,10 @@ from ooc.data.ordering import node_swap_lower_bound
 from ooc.data.plan import plan_bucket_states, plan_cluster_states, plan_exact, plan_own, plan_states
 from ooc.data.resident import ResidentGraph
 from ooc.data.shared import shared_array
+from ooc.embedding import embedding_bytes
 from ooc.features.cache import CachedFeature
-from ooc.features.tiers import MissRows
+from ooc.features.tiers import MissRows, NoFeatures
+from ooc.kernels.graph import self_loop_counts
 from ooc.kernels.partition import contiguous_partitions
 from ooc.kernels.rng import batch_key
 from ooc.kernels.sampling import MiniBatch, excluded_edge_keys
@@ -61,17 +63,23 @@ if TYPE_CHECKING:  # pragma: no cover
     from ooc.features.device import DeviceFeatureCache
     from ooc.features.pq import CompressedRows
 
-__all__ = ["DataPath", "build_data_path"]
+__all__ = ["DataPath", "build_data_path", "plan_machine", "partition_offsets"]
 
 log = logging.getLogger("ooc.data")
 
-def _offsets(cfg: "TrainConfig", ds: Dataset) -> np.ndarray:
-    """The dataset's stored ``partitions/offsets`` when their count equals ``cfg.partitions`` (or
-    ``cfg.partitions`` is 0), else ``cfg.partitions`` contiguous ranges."""
+def partition_offsets(cfg: "TrainConfig", ds: Dataset) -> np.ndarray:
+    """int64 [P+1]: the dataset's stored ``partitions/offsets`` when ``cfg.partitions`` is 0 or
+    their count; else ``cfg.partitions`` contiguous id ranges (0 and none stored: 4, at most N) --
+    with a warning when that replaces stored partitions."""
     stored = ds.partition_offsets
-    if stored is not None and (cfg.partitions == stored.shape[0] - 1 or cfg.partitions == 0):
+    p = int(cfg.partitions)
+    if stored is not None and p in (0, stored.shape[0] - 1):
         return stored
-    return contiguous_partitions(ds.num_nodes, cfg.partitions or 1)
+    if stored is not None:
+        log.warning("%s holds %d stored partitions (ooc partition); --partitions %d splits its ids "
+                    "into %d contiguous ranges instead (omit --partitions to use the stored ones)",
+                    ds.path, stored.shape[0] - 1, p, p)
+    return contiguous_partitions(ds.num_nodes, p or min(4, ds.num_nodes))
 
 
 class DataPath:
@@ -106,7 +114,7 @@ class DataPath:
         self.sampler = sampler
         self.readers = readers
         self.rss = rss
-        self.resident = ResidentGraph(buffer, graph.indptr, graph.indices) \
+        self.resident = ResidentGraph(buffer, graph.indptr, graph.indices, graph.loops) \
             if cfg.mode == "buffer" else None
         self._state_sampler: tuple[tuple | None, Sampler | None] = (None, None)
         self.loader = Loader(buffer, budget.prefetch)
@@ -271,7 +279,7 @@ class DataPath:
             if exclude is not None:
                 ex = excluded_edge_keys(rg.to_local(exclude[0]), rg.to_local(exclude[1]))
             mb = smp.sample(rg.to_local(seeds), key, exclude=ex)  # type: ignore[union-attr]
-            blocks = to_torch_blocks(mb, rg.degrees)
+            blocks = to_torch_blocks(mb, rg.degrees, rg.loops, rg.local_to_global[mb.nodes])
             t1 = time.perf_counter()
             local_in = mb.input_nodes
             x, split = self._inputs(mb, rg.local_to_global[local_in], rg.to_slot_local(local_in), None)
@@ -279,7 +287,7 @@ class DataPath:
         else:
             ex = None if exclude is None else excluded_edge_keys(exclude[0], exclude[1])
             mb, uses = ahead if ahead is not None else (self.sampler.sample(seeds, key, exclude=ex), None)
-            blocks = to_torch_blocks(mb, self.graph.degrees)
+            blocks = to_torch_blocks(mb, self.graph.degrees, self.graph.loops)
             t1 = time.perf_counter()
             af = mb.blocks[0].num_dst if (approx and self.pq is not None and state >= 0
                                           and mb.blocks) else None
@@ -330,6 +338,13 @@ class DataPath:
         return Batch(index, out, blocks, x, y, mb.num_sampled_edges, ts, time.perf_counter() - t0 - ts,
                      split, None, pairs)
 
+    def _global_sampler(self) -> Sampler:
+        """The training sampler when it can draw from the whole graph, else node-wise sampling with
+        the training fanouts (buffer mode over lists on disk: pre-sampling the device cache)."""
+        if self.graph.indices is None and self.cfg.sampler != "neighbor":
+            return self.eval_sampler(self.cfg.fanouts)
+        return self.sampler
+
     def eval_sampler(self, fanouts: list[int]) -> NeighborSampler:
         """Node-wise sampler over the whole graph with ``fanouts`` (``-1``: full neighbourhoods)."""
         g = self.graph
@@ -340,7 +355,7 @@ class DataPath:
         """An evaluation batch: exact rows, keyed by ``batch_key(seed, -1, index)``."""
         t0 = time.perf_counter()
         mb = sampler.sample(seeds, batch_key(self.cfg.seed, -1, index))
-        blocks = to_torch_blocks(mb, self.graph.degrees)
+        blocks = to_torch_blocks(mb, self.graph.degrees, self.graph.loops)
         t1 = time.perf_counter()
         x, split = self._inputs(mb, None, None, None)
         y = torch.from_numpy(np.asarray(self.labels[mb.seeds]).astype(np.int64))
@@ -372,7 +387,8 @@ class DataPath:
         budget = parse_bytes(self.cfg.device_cache)
         keys = [plan0.key(i) for i in range(len(plan0))]
         ids = hot_nodes(self.cfg.device_cache_policy, budget, dim, n, self.graph.indices,
-                        lambda: access_counts(self.sampler, plan0.batches, keys, self.cfg.seed, 0, n))
+                        lambda: access_counts(self._global_sampler(), plan0.batches, keys,
+                                              self.cfg.seed, 0, n))
         cache = DeviceFeatureCache.fill(self.features, ids, n, device, self.cfg.device_cache_policy)
         self.device_cache = cache
         log.info("device cache on %s: %d of %d rows (%.1f MiB, %s) filled in %.2f s", device,
@@ -449,7 +465,7 @@ class DataPath:
         b = self.buffer
         return {"mode": self.cfg.mode, "buffer_bytes": b.nbytes, "buffer_alloc_bytes": b.alloc_bytes,
                 "cache_bytes": self.cache.nbytes if self.cache is not None else 0,
-                "dataset_feature_bytes": self.ds.features.nbytes,
+                "dataset_feature_bytes": int(self.buffer.features.nbytes),
                 "budget": self.budget.as_dict(), "rss_baseline_bytes": self.rss.baseline,
                 "direct_io": bool(self.cfg.direct_io), "num_parts": self.budget.num_parts,
                 "resident_partitions": self.budget.state_slots,
@@ -494,7 +510,89 @@ def _topology(cfg: "TrainConfig", ds: Dataset, job: Job,
         readers.append(reader)
     degrees = shared_array(job, "degrees", (indptr.shape[0] - 1,), np.int64,
                            lambda o: np.subtract(indptr[1:], indptr[:-1], out=o))
-    return Graph(indptr, indices, degrees, reader), readers
+    loops = shared_array(job, "loops", (indptr.shape[0] - 1,), np.int32,
+                         lambda o: _loop_counts(indptr, indices, ds, o))
+    return Graph(indptr, indices, degrees, reader, loops), readers
+
+
+def _loop_counts(indptr: np.ndarray, indices: np.ndarray | None, ds: Dataset, out: np.ndarray,
+                 block_edges: int = 1 << 24) -> None:
+    """Self-loops of every node into ``out`` (int32 [N]): one pass over the edges, in node blocks
+    of about ``block_edges`` edges read from disk when ``indices`` is not in memory."""
+    if indices is not None:
+        out[:] = self_loop_counts(indptr, indices)
+        return
+    raw = ds.raw("indices")
+    n = indptr.shape[0] - 1
+    a = 0
+    while a < n:
+        b = int(np.searchsorted(indptr, indptr[a] + block_edges, side="right")) - 1
+        b = min(max(b, a + 1), n)
+        ea, eb = int(indptr[a]), int(indptr[b])
+        ip = indptr[a:b + 1] - ea
+        idx = raw.read(ea, eb) if eb > ea else np.empty(0, dtype=raw.dtype)
+        out[a:b] = self_loop_counts(ip, idx, a)
+        a = b
+
+
+def _check_featureless(cfg: "TrainConfig", ds: Dataset) -> None:
+    """A dataset without ``nodes/features`` trains on learnable node embeddings only.
+
+    Raises:
+        ValueError: no ``--embedding``, or an option that needs stored feature rows.
+    """
+    if not cfg.embedding:
+        raise ValueError(f"{ds.path}: the dataset has no node features (no array nodes/features); "
+                         "train learnable node embeddings as the input with --embedding D (e.g. "
+                         "--embedding 64, config model.embedding), or convert it again with "
+                         "--features structural")
+    for opt, on in (("--device-cache", bool(cfg.device_cache)),
+                    ("--miss-features pq", cfg.miss_features == "pq")):
+        if on:
+            raise ValueError(f"{opt}: {ds.path} has no node features to cache or compress "
+                             "(its input is the --embedding table)")
+
+
+def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_world: int = 1,
+                 device_type: str = "cpu", task: str = "node", topology_edges: int | None = None
+                 ) -> tuple[BudgetPlan, int, Callable[[], BudgetPlan]]:
+    """The budget plan of one machine running ``local_world`` ranks of ``cfg`` on ``device_type``
+    devices: ``(plan, PQ bytes it holds, a function giving the plan without PQ codes)``.  The
+    launcher of a data-parallel job calls it before starting any process (a budget too small is
+    refused there, with its reason).
+
+    Raises:
+        ValueError: a budget that cannot hold the mode's minimum (naming every part).
+        DatasetError: ``--miss-features pq`` without codes.
+    """
+    budget_bytes = parse_bytes(cfg.memory_budget) if cfg.memory_budget else None
+    cache_size = parse_bytes(cfg.cache_size) if cfg.cache_size else None
+    pq_need = 0
+    if cfg.miss_features == "pq":
+        from ooc.features.pq import open_compressed, pq_bytes
+        pq_need = pq_bytes(ds)
+        if not pq_need:
+            open_compressed(ds)  # raises the "run ooc compress" error
+    # a device cache kept in host memory (CPU runs) is host memory of every rank
+    host_cache = parse_bytes(cfg.device_cache) if cfg.device_cache and device_type == "cpu" else 0
+    host_cache += 4 * ds.num_nodes if cfg.device_cache else 0  # node -> row map
+    # a node-embedding table trained on the CPU is host memory of every rank (its replica)
+    emb = embedding_bytes(ds.num_nodes, cfg.embedding, cfg.optimizer) \
+        if cfg.embedding and device_type == "cpu" else 0
+    if cfg.embedding and not emb:
+        log.info("node embeddings %d x %d on %s: %s of device memory with %s (not host memory)",
+                 ds.num_nodes, cfg.embedding, device_type,
+                 format_bytes(embedding_bytes(ds.num_nodes, cfg.embedding, cfg.optimizer)),
+                 cfg.optimizer)
+    kw: dict[str, Any] = dict(local_world=local_world, share=cfg.shared_buffer,
+                              per_rank_extra=host_cache, min_state=2 if task == "link" else 1,
+                              embedding=emb, embedding_dim=cfg.embedding,
+                              topology_edges=topology_edges, lookahead=cfg.lookahead)
+    args = (cfg.mode, budget_bytes, ds, offsets, cfg.topology, cfg.batch_size, cfg.fanouts,
+            cfg.prefetch, cfg.hidden, cfg.buffer_partitions, cache_size, cfg.cache_policy,
+            cfg.ordering, cfg.eval_batch_size, cfg.eval_fanouts)
+    return (plan_budget(*args, compressed=pq_need, **kw), pq_need,
+            lambda: plan_budget(*args, **kw))
 
 
 def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
@@ -520,29 +618,16 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
     cfg.validate()
     job = job or SingleProcess()
     rss = rss or RssMonitor()
-    offsets = _offsets(cfg, ds)
-    budget_bytes = parse_bytes(cfg.memory_budget) if cfg.memory_budget else None
-    cache_size = parse_bytes(cfg.cache_size) if cfg.cache_size else None
-    pq_need = 0
-    if cfg.miss_features == "pq":
-        from ooc.features.pq import open_compressed, pq_bytes
-        pq_need = pq_bytes(ds)
-        if not pq_need:
-            open_compressed(ds)  # raises the "run ooc compress" error
-    # a device cache kept in host memory (CPU runs) is host memory of every rank
-    host_cache = parse_bytes(cfg.device_cache) if cfg.device_cache and job.device.type == "cpu" else 0
-    host_cache += 4 * ds.num_nodes if cfg.device_cache else 0  # node -> row map
-    kw: dict[str, Any] = dict(local_world=job.local_world_size, share=cfg.shared_buffer,
-                              per_rank_extra=host_cache, min_state=2 if task == "link" else 1,
-                              topology_edges=int(topology[1].shape[0]) if topology is not None else None)
-    args = (cfg.mode, budget_bytes, ds, offsets, cfg.topology, cfg.batch_size, cfg.fanouts,
-            cfg.prefetch, cfg.hidden, cfg.buffer_partitions, cache_size, cfg.cache_policy,
-            cfg.ordering, cfg.eval_batch_size, cfg.eval_fanouts)
-    kw["lookahead"] = cfg.lookahead
-    plan = plan_budget(*args, compressed=pq_need, **kw)
+    has_feats = ds.has("features")
+    if not has_feats:
+        _check_featureless(cfg, ds)
+    offsets = partition_offsets(cfg, ds)
+    plan, pq_need, replan = plan_machine(cfg, ds, offsets, job.local_world_size, job.device.type,
+                                         task, int(topology[1].shape[0]) if topology is not None
+                                         else None)
     approx: "CompressedRows | None" = None
     if pq_need and plan.slots >= plan.num_parts:  # everything resident: nothing to decode
-        plan = plan_budget(*args, **kw)
+        plan = replan()
         log.info("every partition is resident: PQ codes not loaded")
     elif pq_need:
         from ooc.features.pq import open_compressed
@@ -553,11 +638,13 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
                  cfg.prefetch, plan.prefetch)
     graph, readers = _topology(cfg, ds, job, topology)
     labels = ds.labels if ds.has("labels") else np.zeros(ds.num_nodes, dtype=np.int32)
-    feats = DiskRows(ds.features, direct=cfg.direct_io, threads=max(1, min(8, cfg.io_depth)),
-                     gap=cfg.io_gap if cfg.direct_io else 0, aio_depth=max(1, cfg.io_depth))
+    feats: "DiskRows | NoFeatures" = NoFeatures(ds.num_nodes)
+    if has_feats:
+        feats = DiskRows(ds.features, direct=cfg.direct_io, threads=max(1, min(8, cfg.io_depth)),
+                         gap=cfg.io_gap if cfg.direct_io else 0, aio_depth=max(1, cfg.io_depth))
     cache = None
     rows_each = plan.cache_rows // max(job.local_world_size, 1)  # the ranks split the cache
-    if rows_each > 0 and cfg.cache_policy != "none":
+    if rows_each > 0 and cfg.cache_policy != "none" and has_feats:
         cache = CachedFeature(feats, rows_each, cfg.cache_policy)
     misses = MissRows(feats, cache, approx)
     topo_rows = None
@@ -572,7 +659,12 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
     if cfg.sampler == "cluster" and cfg.mode != "exact":  # clusters inside partitions
         cluster_of = partition_clusters(graph.indptr, graph.indices, offsets,
                                         min(cfg.num_clusters, graph.num_nodes), cfg.seed)
-    sampler = make_sampler(cfg.sampler, graph.indptr, graph.indices, cfg.fanouts, train_ids=ids,
+    indices = graph.indices
+    if indices is None and cfg.mode == "buffer" and cfg.sampler in ("labor", "ladies"):
+        # buffer mode samples only the states' resident subgraphs (Sampler.on); the whole graph's
+        # lists stay on disk and this sampler is never asked to draw from them
+        indices = np.empty(0, dtype=np.int64)
+    sampler = make_sampler(cfg.sampler, graph.indptr, indices, cfg.fanouts, train_ids=ids,
                            replace=cfg.replace, batch_size=cfg.batch_size, layer_size=cfg.layer_size,
                            num_clusters=cfg.num_clusters, clusters_per_batch=cfg.clusters_per_batch,
                            walk_length=cfg.walk_length, seed=cfg.seed, reader=graph.reader,

@@ -46,8 +46,11 @@ class ResidentGraph:
     in-edges whose source is resident (MariusGNN's in-buffer sampling).
     """
 
-    def __init__(self, buffer: BufferManager, indptr: np.ndarray, indices: np.ndarray | None) -> None:
+    def __init__(self, buffer: BufferManager, indptr: np.ndarray, indices: np.ndarray | None,
+                 loops: np.ndarray | None = None) -> None:
         self.buffer = buffer
+        self.loops_global = loops
+        self.loops: np.ndarray | None = None
         self.indptr_global = indptr
         self.indices_global = indices
         self.key: tuple | None = None
@@ -91,6 +94,8 @@ class ResidentGraph:
         self.indices = out[:pos]
         self.degrees = deg
         self.local_to_global = l2g
+        if self.loops_global is not None:  # a node's loops are resident with it
+            self.loops = np.where(l2g >= 0, self.loops_global[np.maximum(l2g, 0)], 0).astype(np.int32)
         self.part_block = part_block
         self.block_slot = np.array([b.slot_of[p] for p in order], dtype=np.int64)
         self.key = key

@@ -184,7 +184,8 @@ def _entry(fn: Callable[..., Any], args: tuple, env: dict[str, str]) -> None:
     try:
         fn(*args)
     except BaseException as e:  # noqa: BLE001 -- reported, then the process ends non-zero
-        traceback.print_exc()
+        if not _is_user_error(e):  # a bug: the traceback helps; a bad option or input: the message
+            traceback.print_exc()
         msg = f"{type(e).__name__}: {e}"
         if any(t in str(e) for t in _PEER_LOST):
             msg = f"lost contact with another rank (it died or stopped answering): {msg}"
@@ -194,6 +195,13 @@ def _entry(fn: Callable[..., Any], args: tuple, env: dict[str, str]) -> None:
         os._exit(1)  # do not wait for threads blocked in I/O or collectives
     sys.stdout.flush()
     sys.stderr.flush()
+
+
+def _is_user_error(e: BaseException) -> bool:
+    """Errors that name a bad option, input or state (reported as one line, as ``ooc`` does)."""
+    from ooc.storage.dataset import DatasetError
+    return isinstance(e, (ValueError, FileNotFoundError, FileExistsError, DatasetError)) or \
+        type(e).__name__ in ("LockError", "CheckpointError")
 
 
 def _describe_exit(code: int | None) -> str:
@@ -350,4 +358,11 @@ def run_cli(cfg: Any, resume: bool, spec: LaunchSpec | None) -> int:
     if spec is None:
         train_worker(cfg.to_dict(), resume)
         return 0
-    return launch(train_worker, (cfg.to_dict(), resume), spec)
+    from pathlib import Path
+    out = Path(cfg.output_dir)
+    existed = out.exists()
+    rc = launch(train_worker, (cfg.to_dict(), resume), spec)
+    if rc != 0 and not existed and out.is_dir() and not (out / "metrics.jsonl").exists():
+        import shutil  # set-up failed on this machine: leave no half-made run folder
+        shutil.rmtree(out, ignore_errors=True)
+    return rc

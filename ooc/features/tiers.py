@@ -17,7 +17,58 @@ from ooc.features.cache import CachedFeature
 from ooc.features.pq import CompressedRows
 from ooc.storage.io import DiskRows
 
-__all__ = ["MissRows"]
+__all__ = ["MissRows", "NoFeatures"]
+
+
+class _NoRead:
+    """A finished range read of zero bytes (:meth:`NoFeatures.read_range_async`)."""
+
+    nbytes = 0
+
+    def wait(self) -> int:
+        return 0
+
+
+class NoFeatures:
+    """The feature reader of a dataset without ``nodes/features``: every row has width 0.
+
+    It stands where :class:`~ooc.storage.io.DiskRows` stands (partition slots, miss tiers), so
+    plans, buffer states and batches work unchanged; the model's input comes from a learnable node
+    embedding (``--embedding D``, :mod:`ooc.embedding`).  Nothing is read: every answer is an empty
+    float32 array ``[n, 0]`` and 0 bytes.
+
+    Args:
+        num_nodes: N.
+    """
+
+    dtype = np.dtype(np.float32)
+    row_bytes = 0
+    nbytes = 0
+    direct = False
+
+    def __init__(self, num_nodes: int) -> None:
+        self.shape = (int(num_nodes), 0)
+
+    def span(self, start: int, stop: int) -> tuple[int, int, int]:
+        """``(offset, bytes, shift)`` of a range: all 0."""
+        return 0, 0, 0
+
+    def read_range_async(self, start: int, stop: int, dst: np.ndarray) -> _NoRead:
+        return _NoRead()
+
+    def read_range(self, start: int, stop: int, dst: np.ndarray) -> int:
+        return 0
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        """float32 [stop - start, 0]."""
+        return np.empty((stop - start, 0), dtype=np.float32)
+
+    def gather(self, ids: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+        """``(float32 [len(ids), 0], 0)``."""
+        return np.empty((len(ids), 0), dtype=np.float32), 0
+
+    def close(self) -> None:
+        return None
 
 
 class MissRows:
@@ -32,7 +83,7 @@ class MissRows:
         approx_rows: rows decoded from PQ codes since the last :meth:`reset_stats`.
     """
 
-    def __init__(self, disk: DiskRows, cache: CachedFeature | None = None,
+    def __init__(self, disk: "DiskRows | NoFeatures", cache: CachedFeature | None = None,
                  pq: CompressedRows | None = None) -> None:
         if cache is not None and cache.fallback is not disk:
             raise ValueError("the CPU cache must read through the disk tier")

@@ -21,7 +21,7 @@ from ooc.ingest.nodetables import (JsonFeatures, is_json, keyed_feature_rows, la
                                    parse_int_ids, read_label_table)
 from ooc.ingest.structural import parse_structural, structural_feature_rows
 from ooc.ingest.splits import SPLITS, parse_fractions, random_split, read_split, split_spec
-from ooc.ingest.readers import (InputError, NumpyEdges, TextTable, _pread_into,
+from ooc.ingest.readers import (InputError, check_input_file, NumpyEdges, TextTable, _pread_into,
                                load_array, read_string_pairs)
 from ooc.ingest.streaming import (DEFAULT_CHUNK_EDGES, EdgeChunk, SpoolEdgeSource, SpoolWriter,
                                  SymmetricSource, build_csc_to_writer,
@@ -31,6 +31,90 @@ __all__ = ["convert_planetoid", "write_graph_dataset", "convert_edgelist", "conv
            "convert_ogb", "convert_geom_gcn", "GraphOptions", "NodeInputs", "parse_node_types"]
 
 log = logging.getLogger("ooc.convert")
+
+
+#: Largest class count accepted (labels are stored as int32; a larger count is a mistake: a
+#: classifier with 2^31 outputs does not fit any memory).
+MAX_CLASSES = 1 << 24
+_F16_MAX = float(np.finfo(np.float16).max)
+
+
+def cast_features(rows: np.ndarray, dtype: str, nan_policy: str, what: str, first: int = 0) -> np.ndarray:
+    """Rows cast to the storage dtype, with non-finite values (and, for float16, values beyond its
+    range, which would become inf) refused (``nan_policy="error"``) or replaced by 0 (``"zero"``).
+
+    Args:
+        rows: [n, D] feature rows (float or integer); what: the input's name for messages; first:
+            the node id of ``rows[0]``.
+
+    Raises:
+        InputError: naming the input, the row (node id), the column and the value.
+    """
+    rows = np.asarray(rows)
+    if rows.dtype.kind not in "fiub":
+        raise InputError(f"{what}: features of dtype {rows.dtype}")
+    out_dtype = np.dtype(dtype)
+    if rows.dtype.kind == "f":
+        bad = ~np.isfinite(rows)
+        if bad.any():
+            if nan_policy == "error":
+                r, c = (int(x) for x in np.argwhere(bad.reshape(rows.shape[0], -1))[0])
+                v = rows.reshape(rows.shape[0], -1)[r, c]
+                raise InputError(f"{what}: row {first + r}: non-finite feature value {v} in column {c} "
+                                 "(use --nan-policy zero to store 0)")
+            rows = np.where(bad, 0, rows)
+    if out_dtype == np.float16 and (rows.dtype.kind in "iu" or float(np.finfo(rows.dtype).max) > _F16_MAX):
+        over = np.abs(rows) > _F16_MAX
+        if over.any():
+            if nan_policy == "error":
+                r, c = (int(x) for x in np.argwhere(over.reshape(rows.shape[0], -1))[0])
+                v = rows.reshape(rows.shape[0], -1)[r, c]
+                raise InputError(f"{what}: row {first + r}: feature value {v:g} in column {c} is beyond float16's "
+                                 f"range (+-{_F16_MAX:g}) and would be stored as inf; use --feat-dtype "
+                                 "float32, rescale the features, or --nan-policy zero to store 0")
+            rows = np.where(over, 0, rows)
+    return rows.astype(out_dtype, copy=False)
+
+
+def check_labels(lab: np.ndarray, num_classes: int | None, what: str,
+                 ids: np.ndarray | None = None) -> int:
+    """Check class labels and return the class count C.
+
+    Labels are ``-1`` (unlabelled) or a class in ``[0, C)``: with ``num_classes`` given, C is it;
+    without, the labels must be dense (every class ``0 .. max`` used) and C = max + 1.
+
+    Raises:
+        InputError: a label below -1, a label >= C, or sparse labels without ``num_classes``;
+            naming the input, the node and the label, and how to remap.
+    """
+    lab = np.asarray(lab)
+    if lab.size == 0:
+        return int(num_classes or 0)
+
+    def node(i: int) -> str:
+        return f"node {int(ids[i])}" if ids is not None else f"row {i}"
+
+    if lab.min() < -1:
+        i = int(np.argmax(lab < -1))
+        raise InputError(f"{what}: {node(i)} has label {int(lab[i])}; labels are -1 (unlabelled) or "
+                         "a class 0..C-1")
+    top = int(lab.max())
+    if num_classes is not None:
+        if top >= num_classes:
+            i = int(np.argmax(lab >= num_classes))
+            raise InputError(f"{what}: {node(i)} has label {int(lab[i])}, not below --num-classes "
+                             f"{num_classes}")
+        return int(num_classes)
+    if top < 0:
+        return 0
+    used = np.unique(lab[lab >= 0])
+    if top >= MAX_CLASSES or used.shape[0] != top + 1:
+        i = int(np.argmax(lab == top))
+        raise InputError(f"{what}: labels are not dense: {used.shape[0]:,} distinct classes but "
+                         f"{node(i)} has label {top:,}, which would make {top + 1:,} classes; "
+                         "remap the labels to 0..C-1 (e.g. numpy.unique(labels, return_inverse=True)) "
+                         f"or declare --num-classes C (at most {MAX_CLASSES:,})")
+    return top + 1
 
 
 def write_graph_dataset(out: str | Path, num_nodes: int, src: np.ndarray, dst: np.ndarray,
@@ -64,12 +148,13 @@ def write_graph_dataset(out: str | Path, num_nodes: int, src: np.ndarray, dst: n
     if labels.shape[0] != num_nodes:
         raise ValueError(f"{labels.shape[0]} labels for {num_nodes} nodes")
     indptr, indices = build_csc(src, dst, num_nodes)
-    with DatasetWriter(out, overwrite=overwrite) as w:
+    with DatasetWriter(out, overwrite=overwrite, inputs=sources or ()) as w:
         for s in sources or []:
             w.add_source(s)
         w.write_array("indptr", indptr)
         w.write_array("indices", indices)
-        w.write_array("features", np.ascontiguousarray(features, dtype=np.dtype(feat_dtype)))
+        w.write_array("features", np.ascontiguousarray(cast_features(
+            np.asarray(features), feat_dtype, "error", "features")))
         w.write_array("labels", labels.astype(np.int32))
         for k, ids in splits.items():
             w.write_array(k, np.unique(np.asarray(ids, dtype=np.int64)))
@@ -130,6 +215,8 @@ class GraphOptions:
         split_random: draw (train, valid, test) fractions of the labelled nodes at random
             (:func:`ooc.ingest.splits.random_split`; recorded in the manifest as ``split``);
             ``stratify`` keeps the class proportions; ``split_seed`` seeds the draw.
+        num_classes: declared class count C (labels must be in ``[-1, C)``); ``None``: the labels
+            must be dense, every class ``0 .. max`` used.
     """
 
     num_nodes: int | None = None
@@ -152,6 +239,7 @@ class GraphOptions:
     split_random: tuple[float, float, float] | None = None
     stratify: bool = False
     split_seed: int = 0
+    num_classes: int | None = None
 
     def validate(self) -> None:
         if self.ids not in ID_MODES:
@@ -162,6 +250,8 @@ class GraphOptions:
             raise ValueError(f"--feat-dtype must be float32 or float16, got {self.feat_dtype!r}")
         if self.nan_policy not in ("error", "zero"):
             raise ValueError(f"--nan-policy must be error or zero, got {self.nan_policy!r}")
+        if self.num_classes is not None and not 1 <= self.num_classes <= MAX_CLASSES:
+            raise ValueError(f"--num-classes must be in [1, {MAX_CLASSES:,}], got {self.num_classes}")
         if self.ids == "typed":
             if not self.node_types or self.src_type is None or self.dst_type is None:
                 raise ValueError("--ids typed needs --node-types, --src-type and --dst-type")
@@ -222,16 +312,23 @@ class NodeInputs:
         return list(dict.fromkeys(split_spec(v)[0] for v in self.splits.values()))
 
 
+def _inputs(path: Path, nodes: NodeInputs) -> tuple:
+    """The input files of a conversion (the output may be none of them)."""
+    feats = (nodes.features,) if isinstance(nodes.features, (str, Path)) else ()
+    return (path, nodes.labels, *nodes.splits.values(), *feats)
+
+
 class _Job:
     """One conversion: the atomic writer, its scratch directory, the id space and the manifest."""
 
-    def __init__(self, out: str | Path, opts: GraphOptions, overwrite: bool, source_format: str) -> None:
+    def __init__(self, out: str | Path, opts: GraphOptions, overwrite: bool, source_format: str,
+                 inputs: tuple = ()) -> None:
         opts.validate()
         self.opts = opts
         self.budget = parse_bytes(opts.memory_budget)
         # chunk buffers take ~40 B per chunk edge; keep them to ~10% of the budget
         opts.chunk_edges = min(opts.chunk_edges, max(self.budget // 400, 1024))
-        self.w = DatasetWriter(out, overwrite=overwrite)
+        self.w = DatasetWriter(out, overwrite=overwrite, inputs=inputs)
         self.work = self.w.tmp / "_work"
         self.work.mkdir()
         self.manifest: dict = {"source_format": source_format}
@@ -328,6 +425,7 @@ class _Job:
         """(ids, labels int64, lines) of a text label table (ids not yet mapped: int64, or tokens
         with ``string_ids``); boolean or named labels put their class names in the manifest."""
         t = read_label_table(path, cols, string_ids=string_ids)
+        self._label_name = str(path)
         self.set_class_names(t.class_names)
         return t.ids, t.labels, t.lines
 
@@ -371,27 +469,20 @@ class _Job:
                 rows = np.asarray(rows)
                 if rows.dtype.kind not in "fiub":
                     raise InputError(f"{self._feat_name}: features of dtype {rows.dtype}")
-                if rows.dtype.kind == "f":
-                    bad = ~np.isfinite(rows)
-                    if bad.any():
-                        if opts.nan_policy == "error":
-                            r = int(np.argwhere(bad)[0][0])
-                            raise InputError(f"{self._feat_name}: row {start + r}: non-finite feature "
-                                             f"value {rows[r][bad[r]][0]} (use --nan-policy zero)")
-                        rows = np.where(bad, 0, rows)
-                fw.append(rows.astype(opts.feat_dtype))
+                fw.append(cast_features(rows, opts.feat_dtype, opts.nan_policy, self._feat_name,
+                                        start))
             if fw.rows != n:
                 raise InputError(f"{self._feat_name}: {fw.rows} feature rows but the graph has {n} nodes")
             self.w.finish_array(fw)
         # labels
-        ncls = num_classes if num_classes is not None else self.num_classes
+        ncls = num_classes if num_classes is not None else (
+            opts.num_classes if opts.num_classes is not None else self.num_classes)
         if labels_in is not None:
             ids, lab = labels_in
+            ncls = check_labels(np.asarray(lab), ncls, self._label_name, ids)
             labels = np.full(n, -1, dtype=np.int32)
             labels[ids] = lab
             self.w.write_array("labels", labels)
-            if ncls is None:
-                ncls = int(lab.max()) + 1 if lab.size else 0
         if opts.split_random is not None:
             if split_ids:
                 raise ValueError("--split-random draws the splits; the input has splits already")
@@ -425,6 +516,7 @@ class _Job:
         return path
 
     _feat_name = "features"
+    _label_name = "labels"
 
     def features_from_array(self, feat: str | Path | np.ndarray) -> tuple[Iterator, tuple[int, int]]:
         if self.opts.ids in ("map", "string"):
@@ -532,13 +624,13 @@ def convert_edgelist(path: str | Path, out: str | Path, opts: GraphOptions | Non
         header, opts.one_based = True, True
         if opts.ids == "dense" and opts.num_nodes is None:
             opts.num_nodes = max(mm[0], mm[1])
-    job = _Job(out, opts, overwrite, "edgelist" if mm is None else "matrix-market")
+    job = _Job(out, opts, overwrite, "edgelist" if mm is None else "matrix-market",
+               inputs=_inputs(p, nodes))
     with job.w:
         for f in [p] + [Path(x) for x in (nodes.labels, *nodes.split_files()) if x is not None] + \
                 ([Path(nodes.features)] if isinstance(nodes.features, (str, Path)) and
                  parse_structural(nodes.features) is None else []):
-            if not f.is_file():
-                raise InputError(f"{f}: no such file")
+            check_input_file(f)
         ftable = job.json_features(nodes)
         has_w = weight_col is not None
         labels_in = None
@@ -579,8 +671,18 @@ def convert_edgelist(path: str | Path, out: str | Path, opts: GraphOptions | Non
                 resolve = job.dense_ids
                 if lab is not None:
                     lab = (job.dense_ids(lab[0], _where_line(Path(nodes.labels), lab[2])), lab[1], lab[2])
-                    max_id = max(max_id, int(lab[0].max()) if lab[0].size else -1)
-                max_id = max(max_id, _max_key_id(job, ftable))
+                    if job.num_nodes is None and lab[0].size and int(lab[0].max()) > max_id:
+                        i = int(np.argmax(lab[0] > max_id))
+                        raise InputError(
+                            f"{nodes.labels}:{int(lab[2][i])}: label for node {int(lab[0][i])}, but the "
+                            f"edges name nodes 0..{max_id} only; pass --num-nodes N if the graph has "
+                            "isolated nodes (ids up to N-1)")
+                kmax = _max_key_id(job, ftable)
+                if job.num_nodes is None and kmax > max_id:
+                    raise InputError(
+                        f"{nodes.features}: features for node {kmax}, but the edges name nodes "
+                        f"0..{max_id} only; pass --num-nodes N if the graph has isolated nodes (ids "
+                        "up to N-1)")
                 if job.num_nodes is None:
                     job.num_nodes = max_id + 1
             resolve_keys = job.int_key_resolver(resolve)
@@ -662,6 +764,7 @@ def _label_array(job: _Job, path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     if lab.ndim != 1 or lab.shape[0] != job.num_nodes:
         raise InputError(f"{path}: label array of shape {lab.shape}, expected ({job.num_nodes},)")
     lab, names = labels_from_array(lab, str(path))
+    job._label_name = str(path)
     job.set_class_names(names)
     return np.arange(job.num_nodes, dtype=np.int64), lab
 
@@ -802,7 +905,7 @@ def convert_numpy(path: str | Path, out: str | Path, opts: GraphOptions | None =
     nodes = nodes or NodeInputs()
     p = Path(path)
     edges = NumpyEdges(p, layout, key)
-    job = _Job(out, opts, overwrite, "numpy")
+    job = _Job(out, opts, overwrite, "numpy", inputs=_inputs(p, nodes) + (edge_weights,))
     with job.w:
         weight = None
         if edge_weights is not None:
@@ -828,7 +931,13 @@ def convert_numpy(path: str | Path, out: str | Path, opts: GraphOptions | None =
                 for c in source.chunks():  # validation pass that also finds the largest id
                     if c.src.size:
                         mx = max(mx, int(c.src.max()), int(c.dst.max()))
-                job.num_nodes = max(mx, _max_key_id(job, table)) + 1
+                kmax = _max_key_id(job, table)
+                if kmax > mx:
+                    raise InputError(
+                        f"{nodes.features}: features for node {kmax}, but the edges name nodes "
+                        f"0..{mx} only; pass --num-nodes N if the graph has isolated nodes (ids up "
+                        "to N-1)")
+                job.num_nodes = mx + 1
             elif table is not None:
                 _max_key_id(job, table)  # pass 1 of the JSON: keys checked against N, layout found
         labels_in = _label_array(job, nodes.labels) if nodes.labels is not None and \
@@ -887,7 +996,7 @@ def convert_ogb(root: str | Path, out: str | Path, opts: GraphOptions | None = N
     opts.num_nodes = n
     if opts.ids != "dense":
         raise InputError(f"{root}: OGB ids are dense 0..N-1; --ids {opts.ids} does not apply")
-    job = _Job(out, opts, overwrite, "ogb")
+    job = _Job(out, opts, overwrite, "ogb", inputs=(root,))
     with job.w:
         source = job.spool_dense_edges(edge_f, header=False)
         sources = [edge_f, nn_f]
@@ -1025,7 +1134,7 @@ def convert_geom_gcn(raw_dir: str | Path, out: str | Path, opts: GraphOptions | 
     if opts.num_nodes is not None and opts.num_nodes != n:
         raise InputError(f"{nf}: {n} nodes but --num-nodes {opts.num_nodes}")
     opts.num_nodes = n
-    job = _Job(out, opts, overwrite, "geom-gcn")
+    job = _Job(out, opts, overwrite, "geom-gcn", inputs=(raw_dir, split))
     with job.w:
         source = job.spool_dense_edges(ef, sep="\t", header=True)
         split_ids: dict[str, np.ndarray] = {}

@@ -209,7 +209,8 @@ def labels_from_array(arr: np.ndarray, where: str) -> tuple[np.ndarray, list[str
         lab = a.astype(np.int64)
         if lab.size and lab.min() < -1:
             i = int(np.argmax(lab < -1))
-            raise InputError(f"{where}: row {i}: label {lab[i]} is negative (-1 = unlabelled)")
+            raise InputError(f"{where}: node {i} has label {lab[i]}: labels are -1 (unlabelled) or "
+                             "class ids 0..C-1")
         return lab, None
     if a.dtype.kind == "f":
         ok = np.isfinite(a)

@@ -19,7 +19,7 @@ import numpy as np
 from ooc.kernels import textparse as tp
 
 __all__ = ["InputError", "TextTable", "TableBlock", "NumpyEdges", "open_text", "read_string_pairs",
-           "load_array"]
+           "load_array", "check_input_file", "MAX_LINE_BYTES"]
 
 _BLOCK_BYTES = 16 << 20
 
@@ -28,18 +28,51 @@ class InputError(ValueError):
     """Malformed input; the message names the file and the line or row."""
 
 
-def open_text(path: str | os.PathLike) -> io.BufferedIOBase:
-    """Open a text input for binary reading; ``.gz`` files are decompressed on the fly.
+#: Longest line accepted in a text input (bytes): a longer one is an error naming it, so a binary
+#: or runaway file (a 2 GiB "line" without a newline) fails at once instead of being buffered.
+MAX_LINE_BYTES = 1 << 20
+_GZIP_MAGIC = b"\x1f\x8b"
+_BOM = b"\xef\xbb\xbf"
+
+
+def check_input_file(path: str | os.PathLike) -> Path:
+    """``path`` as a Path if it is a readable file.
 
     Raises:
-        InputError: the file does not exist.
+        InputError: it does not exist, or is a directory (each said as such).
     """
     p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{p}: is a directory, not a file")
     if not p.is_file():
         raise InputError(f"{p}: no such file")
-    if p.suffix == ".gz":
-        return gzip.open(p, "rb")  # type: ignore[return-value]
-    return open(p, "rb", buffering=0)
+    return p
+
+
+def open_text(path: str | os.PathLike) -> io.BufferedIOBase:
+    """Open a text input for binary reading: gzip data (recognised by its magic bytes, whatever
+    the file's name) is decompressed on the fly, and a UTF-8 byte-order mark is skipped.
+
+    Raises:
+        InputError: the file does not exist or is a directory, or is not valid gzip data.
+    """
+    p = check_input_file(path)
+    f = open(p, "rb", buffering=0)
+    if f.read(2) == _GZIP_MAGIC:
+        f.close()
+        g = gzip.open(p, "rb")
+        try:
+            head = g.read(3)
+        except (OSError, EOFError) as e:
+            g.close()
+            raise InputError(f"{p}: starts like gzip data but is not readable as gzip ({e})") from None
+        if head != _BOM:
+            g.seek(0)
+        return g  # type: ignore[return-value]
+    f.seek(0)
+    if f.read(3) != _BOM:
+        f.seek(0)
+    return f
 
 
 @dataclass
@@ -141,10 +174,12 @@ class TextTable:
             line_no = 0
             offset = 0
             while True:
-                raw = f.readline()
+                raw = f.readline(MAX_LINE_BYTES + 1)
                 if not raw:
                     return line_no + 1, offset, None
                 line_no += 1
+                if len(raw) > MAX_LINE_BYTES:
+                    raise InputError(_too_long(self.path, line_no))
                 start = offset
                 offset += len(raw)
                 if line_no <= self.skip_rows:
@@ -184,11 +219,20 @@ class TextTable:
                 else:
                     cut = buf.rfind(b"\n") + 1
                     if cut == 0:
+                        if len(buf) > MAX_LINE_BYTES:
+                            raise InputError(_too_long(self.path, line_base))
                         carry = buf
                         continue
                 block, carry = buf[:cut], buf[cut:]
+                if len(carry) > MAX_LINE_BYTES:
+                    raise InputError(_too_long(self.path, line_base + block.count(b"\n")))
                 arr = np.frombuffer(block, dtype=np.uint8)
-                cap = int(np.count_nonzero(arr == 10)) + 1
+                nl = np.flatnonzero(arr == 10)
+                lengths = np.diff(nl, prepend=-1)  # of every line, with its newline
+                if lengths.size and int(lengths.max()) > MAX_LINE_BYTES + 1:
+                    i = int(np.argmax(lengths > MAX_LINE_BYTES + 1))
+                    raise InputError(_too_long(self.path, line_base + i))
+                cap = int(nl.size) + 1
                 oi = np.empty((cap, self.n_int), dtype=np.int64)
                 of = np.empty((cap, self.n_float), dtype=np.float64)
                 ol = np.empty(cap, dtype=np.int64)
@@ -224,6 +268,11 @@ class TextTable:
         return TableBlock(np.concatenate(ints), np.concatenate(floats), np.concatenate(lines))
 
 
+def _too_long(path: Path, line: int) -> str:
+    return (f"{path}:{line}: line longer than {MAX_LINE_BYTES:,} bytes (no newline within it); not a "
+            "text table, or a binary file")
+
+
 def _skip_bytes(f: io.BufferedIOBase, n: int) -> None:
     while n > 0:
         got = f.read(min(n, 1 << 20))
@@ -256,7 +305,9 @@ def read_string_pairs(path: str | os.PathLike, columns: Sequence[int | str], sep
         rows: list[list[str]] = []
         lines: list[int] = []
         first = 0
-        for line_no, raw in enumerate(f, 1):
+        for line_no, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), ""), 1):
+            if len(raw) > MAX_LINE_BYTES:
+                raise InputError(_too_long(p, line_no))
             if line_no <= skip_rows:
                 continue
             text = raw.strip()
@@ -303,9 +354,7 @@ def load_array(path: str | os.PathLike, key: str | None = None, mmap: bool = Tru
     Raises:
         InputError: missing file, missing member, or not a NumPy file.
     """
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{p}: no such file")
+    p = check_input_file(path)
     try:
         if p.suffix == ".npz":
             with np.load(p, allow_pickle=False) as z:
@@ -364,8 +413,7 @@ class NumpyEdges:
         self.src: np.ndarray | None = None
         self.dst: np.ndarray | None = None
         if self.path.suffix == ".npz":
-            if not self.path.is_file():
-                raise InputError(f"{self.path}: no such file")
+            check_input_file(self.path)
             with np.load(self.path, allow_pickle=False) as z:
                 files = set(z.files)
                 if layout in ("auto", "csr") and {"indptr", "indices"} <= files:

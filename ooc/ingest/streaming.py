@@ -29,6 +29,7 @@ from typing import Callable, Iterator, Protocol
 
 import numpy as np
 
+from ooc.util.files import write_to
 from ooc.kernels import graph as kg
 from ooc.storage.dataset import DatasetWriter, _fault_point
 from ooc.util.progress import progress as progress_bar
@@ -93,10 +94,10 @@ class SpoolWriter:
         self.num_edges = 0
 
     def append(self, src: np.ndarray, dst: np.ndarray, weight: np.ndarray | None = None) -> None:
-        np.ascontiguousarray(src, dtype=np.int64).tofile(self._f[0])
-        np.ascontiguousarray(dst, dtype=np.int64).tofile(self._f[1])
+        write_to(self._f[0], np.ascontiguousarray(src, dtype=np.int64))
+        write_to(self._f[1], np.ascontiguousarray(dst, dtype=np.int64))
         if self.has_weight:
-            np.ascontiguousarray(weight, dtype=np.float32).tofile(self._f[2])
+            write_to(self._f[2], np.ascontiguousarray(weight, dtype=np.float32))
         self.num_edges += int(src.shape[0])
 
     def close(self, chunk_edges: int = DEFAULT_CHUNK_EDGES) -> "SpoolEdgeSource":
@@ -220,7 +221,8 @@ class UniqueIdCollector:
         n = kg.unique_sorted(a)
         path = self.workdir / f"ids-run-{self._seq}.bin"
         self._seq += 1
-        a[:n].tofile(path)
+        with open(path, "wb") as f:
+            write_to(f, a[:n], path)
         self._runs.append((path, n))
 
     def finish(self) -> tuple[np.ndarray, Path | None]:
@@ -505,12 +507,12 @@ def build_csc_streaming(source: EdgeSource, num_nodes: int, out_indices: object,
             for b in np.flatnonzero(np.diff(off)).tolist():
                 a, z = int(off[b]), int(off[b + 1])
                 with open(files[b][0], "ab") as f:
-                    s[a:z].tofile(f)
+                    write_to(f, s[a:z], files[b][0])
                 with open(files[b][1], "ab") as f:
-                    d[a:z].tofile(f)
+                    write_to(f, d[a:z], files[b][1])
                 if has_w:
                     with open(files[b][2], "ab") as f:
-                        w[a:z].tofile(f)
+                        write_to(f, w[a:z], files[b][2])
             bar.update(m)
         bar.close()
         t_scatter = time.perf_counter() - t1

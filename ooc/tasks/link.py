@@ -174,6 +174,7 @@ class LinkTask:
     """
 
     name = "link"
+    info: dict = {}  # nothing extra for metrics.json
     select = "val_mrr"
     test_key = "test_mrr"
     metric = "mrr"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -64,7 +64,8 @@ def node_loss_sum(logits: torch.Tensor, y: torch.Tensor, multilabel: bool) -> tu
 @torch.no_grad()
 def evaluate_nodes(model: nn.Module, data: DataPath, ids: np.ndarray, num_layers: int,
                    batch_size: int, device: torch.device | str = "cpu", multilabel: bool = False,
-                   fanouts: list[int] | None = None, prefetch: int = 1) -> np.ndarray:
+                   fanouts: list[int] | None = None, prefetch: int = 1,
+                   sink: Callable[[torch.Tensor], None] | None = None) -> np.ndarray:
     """Counts of a node evaluation on ``ids``: float64 ``[correct, total, tp, err, loss_sum,
     loss_terms]`` (see :func:`scores`, :func:`node_loss_sum`).
 
@@ -75,6 +76,8 @@ def evaluate_nodes(model: nn.Module, data: DataPath, ids: np.ndarray, num_layers
             neighbourhoods (exact inference for these seeds).
         prefetch: batches built ahead on the loader thread (0: in the caller's thread); the result
             does not depend on it.
+        sink: called with every batch's float32 logits [batch, C] on the CPU, in the order of
+            ``ids`` (an OGB Evaluator's predictions are collected with it).
 
     Raises:
         ValueError: ``fanouts`` does not have ``num_layers`` entries.
@@ -95,6 +98,8 @@ def evaluate_nodes(model: nn.Module, data: DataPath, ids: np.ndarray, num_layers
     for b in it:
         blocks, x = b.inputs(device, native=half)
         logits = model(blocks, x).float().cpu()
+        if sink is not None:
+            sink(logits)
         c, t, p, e = scores(logits, b.y, multilabel)
         s, n = node_loss_sum(logits, b.y, multilabel)
         out += np.array([c, t, p, e, s, n], dtype=np.float64)
@@ -134,6 +139,9 @@ def evaluate_node_layerwise(model: GNN, task: "NodeTask", device: torch.device |
     val_logits = torch.from_numpy(np.ascontiguousarray(logits.gather(task.val_ids)))
     s, n = node_loss_sum(val_logits, torch.from_numpy(np.asarray(labels[task.val_ids])), task.multilabel)
     res["val_loss"] = s / max(n, 1)
+    if task.ogb is not None:  # OGB's Evaluator on the same logits (datasets converted from OGB)
+        res.update(task.ogb_scores(*(task.ogb.compact(torch.from_numpy(np.ascontiguousarray(
+            logits.gather(ids)))) for ids in (task.val_ids, task.test_ids))))
     logits.close()
     return res
 
@@ -179,6 +187,9 @@ class NodeTask:
             int(ds.num_classes or int(labels.max()) + 1)
         self.loss_fn: nn.Module = nn.BCEWithLogitsLoss() if self.multilabel else nn.CrossEntropyLoss()
         self.metric = "micro_f1" if self.multilabel else "accuracy"
+        from ooc.interop.ogb import ogb_scorer
+        self.ogb, ogb_info = ogb_scorer(ds)  # OGB's Evaluator for datasets converted from OGB
+        self.info: dict = {"ogb": ogb_info} if ogb_info else {}
         self._plan: Plan | None = None
         self._plan_epoch = -1
 
@@ -267,14 +278,40 @@ class NodeTask:
         nl = len(self.cfg.fanouts)
         fo = evaluation_fanouts(self.cfg)
         counts = []
-        for ids in (self.val_ids, self.test_ids):
+        kept: list[list[np.ndarray]] = [[], []]
+        for k, ids in enumerate((self.val_ids, self.test_ids)):
             mine = np.array_split(ids, j.world_size)[j.rank] if j.world_size > 1 else ids
+            sink = None if self.ogb is None else (lambda lg, out=kept[k]: out.append(self.ogb.compact(lg)))
             counts.append(evaluate_nodes(model, self.data, mine, nl, self.cfg.eval_batch_size, device,
-                                         self.multilabel, fo, prefetch=1))
+                                         self.multilabel, fo, prefetch=1, sink=sink))
         tot = j.all_reduce_sum(np.concatenate(counts)) if j.world_size > 1 else np.concatenate(counts)
         val, test = tot[:6], tot[6:]
-        return {"val_acc": _score(val, self.multilabel), "val_loss": float(val[4] / max(val[5], 1)),
-                "test_acc": _score(test, self.multilabel)}
+        res = {"val_acc": _score(val, self.multilabel), "val_loss": float(val[4] / max(val[5], 1)),
+               "test_acc": _score(test, self.multilabel)}
+        if self.ogb is not None:
+            res.update(self.ogb_scores(*(self._gathered(p) for p in kept)))
+        return res
+
+    def _gathered(self, parts: list[np.ndarray]) -> np.ndarray | None:
+        """This rank's kept predictions joined with every rank's, in id order (ranks evaluate
+        contiguous slices in rank order); None when there are none."""
+        mine = np.concatenate(parts) if parts else None
+        if self.job.world_size == 1:
+            return mine
+        every = [p for p in self.job.all_gather_object(mine) if p is not None]
+        return np.concatenate(every) if every else None
+
+    def ogb_scores(self, val: np.ndarray | None, test: np.ndarray | None) -> dict:
+        """``val_ogb_<metric>`` and ``test_ogb_<metric>``: OGB's Evaluator on the predictions kept
+        (:meth:`ooc.interop.ogb.OgbScorer.compact`) for the validation and test ids, in id order;
+        {} without a scorer."""
+        if self.ogb is None:
+            return {}
+        res = {}
+        for split, ids, kept in (("val", self.val_ids, val), ("test", self.test_ids, test)):
+            if kept is not None and ids.shape[0]:
+                res[f"{split}_ogb_{self.ogb.metric}"] = self.ogb.score(self.ds.labels[ids], kept)
+        return res
 
     def close(self) -> None:
         self.data.close()

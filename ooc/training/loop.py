@@ -48,8 +48,9 @@ import torch
 from ooc.config import TrainConfig
 from ooc.contracts import Job, SingleProcess, Task
 from ooc.data.budget import RssMonitor
-from ooc.models import GNN, build_model
+from ooc.models import build_model
 from ooc.storage.dataset import Dataset
+from ooc.training.rundir import guarded
 from ooc.training.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from ooc.util.files import read_jsonl, temp_sibling, write_json_atomic, write_jsonl_atomic
 from ooc.util.progress import progress as progress_bar
@@ -115,17 +116,36 @@ def make_task(cfg: TrainConfig, ds: Dataset, job: Job | None = None, rss: RssMon
     return NodeTask(cfg, ds, job, rss)
 
 
-def make_model(cfg: TrainConfig, in_dim: int, out_dim: int) -> GNN:
-    """The :class:`~ooc.models.GNN` a configuration describes (``len(fanouts)`` layers)."""
-    return build_model(cfg.model, in_dim, cfg.hidden, out_dim, len(cfg.fanouts), cfg.dropout,
-                       aggregator=cfg.aggregator, heads=cfg.heads, out_heads=cfg.out_heads,
-                       attn_dropout=cfg.attn_dropout, residual=cfg.residual, norm=cfg.norm,
-                       activation=cfg.activation, gin_eps=cfg.gin_eps,
-                       gin_train_eps=cfg.gin_train_eps, feat_dropout=cfg.feat_dropout,
-                       dropout_per_head=cfg.dropout_per_head, init=cfg.init)
+def make_model(cfg: TrainConfig, in_dim: int, out_dim: int, num_nodes: int = 0) -> torch.nn.Module:
+    """The model a configuration describes (``len(fanouts)`` layers): a built-in
+    :class:`~ooc.models.GNN`, or the user's ``MODULE:CLASS`` (:mod:`ooc.interop.custom`); with
+    ``cfg.embedding`` = D wrapped in :class:`ooc.embedding.NodeEmbeddingInput`, whose table of
+    ``num_nodes`` rows extends the ``in_dim`` feature columns to ``in_dim + D``.
+
+    Raises:
+        ValueError: a user's class that does not fit the contract (naming what is missing), or
+            ``cfg.embedding`` without ``num_nodes``.
+    """
+    from ooc.interop.custom import build_custom_model, is_custom
+    width = in_dim + cfg.embedding
+    if is_custom(cfg.model):
+        model: torch.nn.Module = build_custom_model(cfg, width, out_dim)
+    else:
+        model = build_model(cfg.model, width, cfg.hidden, out_dim, len(cfg.fanouts), cfg.dropout,
+                            aggregator=cfg.aggregator, heads=cfg.heads, out_heads=cfg.out_heads,
+                            attn_dropout=cfg.attn_dropout, residual=cfg.residual, norm=cfg.norm,
+                            activation=cfg.activation, gin_eps=cfg.gin_eps,
+                            gin_train_eps=cfg.gin_train_eps, feat_dropout=cfg.feat_dropout,
+                            dropout_per_head=cfg.dropout_per_head, init=cfg.init)
+    if not cfg.embedding:
+        return model
+    if num_nodes < 1:
+        raise ValueError("--embedding needs the number of nodes (make_model(..., num_nodes=N))")
+    from ooc.embedding import NodeEmbeddingInput
+    return NodeEmbeddingInput(model, num_nodes, cfg.embedding, in_dim)
 
 
-def _make_optimizer(cfg: TrainConfig, model: GNN) -> torch.optim.Optimizer:
+def _make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     params: Any = model.parameters()
     if cfg.weight_decay_scope == "first" and cfg.weight_decay:
         first = list(model.layers[0].parameters())
@@ -234,7 +254,7 @@ RESUMABLE_CHANGES = frozenset({
     "io_depth", "io_gap",
     "prefetch", "eval_batch_size", "patience", "eval_every", "eval_mode", "eval_fanouts",
     "buffer_partitions",
-    "topology"})
+    "topology", "verify"})
 
 
 def _check_resume_config(saved: dict, now: dict) -> None:
@@ -246,7 +266,21 @@ def _check_resume_config(saved: dict, now: dict) -> None:
                          + ", ".join(sorted(RESUMABLE_CHANGES)) + " may change")
 
 
+def _check_resume_layout(saved: dict, now: dict, run: Path) -> None:
+    """Raise ValueError when the job resuming ``run`` has another number of processes than the job
+    that wrote it (the plan, the loss weights and the per-rank checkpoints depend on it)."""
+    if int(saved.get("world_size", 1)) != now["world_size"] or \
+            int(saved.get("local_world_size", 1)) != now["local_world_size"]:
+        ws, lw = int(saved.get("world_size", 1)), int(saved.get("local_world_size", 1))
+        how = "one process" if ws == 1 else f"{ws} processes ({lw} per machine: --devices {lw}" + \
+            (f" --nnodes {ws // max(lw, 1)}" if ws > lw else "") + ")"
+        raise ValueError(f"--resume {run}: the run was trained by {how}; resume it with the same "
+                         f"layout (now {now['world_size']} process"
+                         f"{'es' if now['world_size'] > 1 else ''})")
+
+
 # ====================================================================== the loop
+@guarded
 def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None = None,
           job: Job | None = None) -> dict:
     """Train as configured; see the module docstring for the run directory.
@@ -295,14 +329,17 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
     from ooc.training.warmup import warm_up_runtime
     ckpt_path = out / "checkpoint.pt"
     ckpt = load_checkpoint(ckpt_path) if resume else None
+    layout = {"world_size": job.world_size, "local_world_size": job.local_world_size}
     if ckpt is not None:
         _check_resume_config(ckpt.get("config", {}), cfg.to_dict())
+        _check_resume_layout(ckpt.get("job", {"world_size": 1, "local_world_size": 1}), layout, out)
     cfg.save(out)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     # RSS baseline of the runtime, before any data (the budget excludes it); before seeding, so the
     # warm-up step does not move the random streams of the run
-    rss = warm_up_runtime(cfg.model, len(cfg.fanouts))
+    from ooc.interop.custom import is_custom
+    rss = warm_up_runtime("sage" if is_custom(cfg.model) else cfg.model, len(cfg.fanouts))
     rss.start_sampling()
     seed_everything(cfg.seed)
     device = job.device
@@ -313,7 +350,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
 
     ds = Dataset(cfg.dataset)
     task = make_task(cfg, ds, job, rss)
-    model = make_model(cfg, ds.feat_dim, task.out_dim)
+    model = make_model(cfg, ds.feat_dim, task.out_dim, ds.num_nodes)
     task.prepare_model(model)
     model.to(device)
     net = job.wrap_model(model, cfg.seed)  # DDP under data parallelism: trains `model`
@@ -358,7 +395,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
             "scheduler": sched.state_dict() if sched is not None else None,
             "scaler": scaler.state_dict() if scaler is not None else None, "rng": rng_state(),
             "state": dict(st.as_dict(), elapsed_s=st.elapsed_s + time.perf_counter() - t_start),
-            "config": cfg.to_dict()}, ckpt_path)
+            "config": cfg.to_dict(), "job": layout}, ckpt_path)
 
     steps_per_epoch = task.steps_per_epoch
     bar = progress_bar(total=cfg.epochs * steps_per_epoch, initial=st.global_step, enabled=cfg.progress,
@@ -415,8 +452,8 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
                     if t_done - last_flush > STEPS_FLUSH_S:
                         steps_f.flush()
                         last_flush = t_done
-                    bar.update(1)
-                    bar.set_postfix(epoch=epoch, loss=f"{lv:.4f}", **data.postfix())
+                    bar.set_postfix(epoch=epoch, loss=f"{lv:.4f}", **data.postfix(), refresh=False)
+                    bar.update(1)  # draws the bar (a line at most every 10 s off a terminal)
                     if cfg.checkpoint_every and st.global_step % cfg.checkpoint_every == 0 \
                             and st.step < len(plan.batches):
                         checkpoint()
@@ -528,6 +565,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
         "history": history,
     }
     metrics.update(summary)
+    metrics.update(task.info)
     ch, cm = t.get("cache_hits", 0), t.get("cache_misses", 0)
     metrics.update(cache_hits=ch, cache_misses=cm, cache_hit_ratio=ch / max(ch + cm, 1),
                    swaps=t.get("swaps", 0), approx_rows=t.get("approx_rows", 0))

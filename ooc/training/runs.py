@@ -66,7 +66,10 @@ def load_run(run: str | os.PathLike, dataset: str | None = None,
     device = resolve_device(cfg.device)
     ds = Dataset(cfg.dataset)
     task = make_task(cfg, ds)
-    model = make_model(cfg, ds.feat_dim, task.out_dim)
+    model = make_model(cfg, ds.feat_dim, task.out_dim, ds.num_nodes)
+    from ooc.interop.custom import is_custom, require_layerwise
+    if is_custom(cfg.model):
+        require_layerwise(model, cfg.model, "ooc eval / ooc predict (layer-wise inference)")
     task.prepare_model(model)
     model.load_state_dict(state)
     model.to(device).eval()
@@ -99,7 +102,7 @@ def eval_run(run: str | os.PathLike, dataset: str | None = None, weights: str = 
     return res
 
 
-def predict_run(run: str | os.PathLike, out: str | os.PathLike, what: str = "pred",
+def predict_run(run: str | os.PathLike, out: str | os.PathLike, what: str | None = None,
                 dataset: str | None = None, weights: str = "best",
                 workdir: str | os.PathLike | None = None, progress: bool = False) -> dict:
     """``ooc predict``: layer-wise inference of a trained run; predictions and embeddings for every
@@ -109,7 +112,8 @@ def predict_run(run: str | os.PathLike, out: str | os.PathLike, what: str = "pre
         out: ``*.npy`` (one array: ``what``) or ``*.zarr`` (a Zarr v3 group with ``pred`` int64 [N]
             (multi-label: int8 [N, C]), ``logits`` float32 [N, C] and ``embedding`` float32 [N, H],
             the input of the last layer; link-prediction runs: ``embedding`` only, the encoder output).
-        what: for ``.npy``: ``pred``, ``logits`` or ``embedding``.
+        what: for ``.npy``: ``pred``, ``logits`` or ``embedding`` (default: ``pred``; ``embedding``
+            for a link-prediction run).
 
     Returns:
         ``{"out": path, "arrays": {name: shape}}``.
@@ -120,12 +124,14 @@ def predict_run(run: str | os.PathLike, out: str | os.PathLike, what: str = "pre
     out = Path(out)
     if out.suffix not in (".npy", ".zarr"):
         raise ValueError(f"{out}: --out must end in .npy or .zarr")
-    if what not in ("pred", "logits", "embedding"):
+    if what not in (None, "pred", "logits", "embedding"):
         raise ValueError(f"--what must be pred, logits or embedding, got {what!r}")
     cfg, task, model, device = load_run(run, dataset, weights)
     work = Path(workdir) if workdir else Path(run) / "inference"
     L = model.num_layers
     link = cfg.task == "link"
+    if what is None:  # what the run predicts: classes, or a link run's embeddings
+        what = "embedding" if link else "pred"
     if link and what != "embedding" and out.suffix == ".npy":
         raise ValueError("a link-prediction run predicts embeddings: use --what embedding")
     try:

@@ -15,6 +15,7 @@ from ooc.data.budget import RssMonitor, tune_allocator
 from ooc.data.buffer import _WORD, _gather_local, _gather_slots
 from ooc.features.cache import CachedFeature
 from ooc.kernels.disk_sampling import sample_blocks_lists
+from ooc.kernels.graph import self_loop_counts
 from ooc.kernels.sampling import sample_blocks
 from ooc.models import build_model, to_torch_blocks
 from ooc.storage.io import ALIGN, aligned_empty
@@ -35,7 +36,7 @@ def warm_up_runtime(model: str = "sage", num_layers: int = 2) -> RssMonitor:
     sample_blocks_lists(lambda v: (np.concatenate([[0], np.cumsum(ip[v + 1] - ip[v])]),
                                    np.concatenate([ix[ip[u]:ip[u + 1]] for u in v])),
                         3, np.array([0]), [2] * num_layers, np.uint64(1))
-    blocks = to_torch_blocks(sg, np.diff(ip))
+    blocks = to_torch_blocks(sg, np.diff(ip), self_loop_counts(ip, ix))
     net = build_model(model, 4, 4, 2, num_layers, 0.0)
     opt = torch.optim.Adam(net.parameters(), lr=0.0)
     loss = torch.nn.functional.cross_entropy(net(blocks, torch.zeros(sg.input_nodes.shape[0], 4)),

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-__all__ = ["fsync_dir", "fsync_tree", "write_json_atomic", "read_jsonl", "write_jsonl_atomic",
+__all__ = ["fsync_dir", "fsync_tree", "write_json_atomic", "read_jsonl", "write_jsonl_atomic", "write_to",
            "temp_sibling"]
 
 
@@ -82,3 +82,36 @@ def write_jsonl_atomic(path: str | os.PathLike, records: Iterable[dict]) -> None
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def write_to(f, data, path: str | os.PathLike | None = None) -> None:
+    """Write a NumPy array's bytes (or a bytes-like ``data``) to the open binary file ``f``, with
+    disk-full named as such.
+
+    Args:
+        f: an open binary file; data: ndarray (written C-contiguous) or bytes-like.
+        path: the file's path for the message (default ``f.name``).
+
+    Raises:
+        OSError: ``ENOSPC`` as "PATH: no space left on device (FOLDER has F bytes free, N more
+            bytes needed)"; other write errors unchanged.
+    """
+    import errno
+
+    import numpy as np
+    buf = memoryview(np.ascontiguousarray(data)).cast("B") if isinstance(data, np.ndarray) \
+        else memoryview(data).cast("B")
+    try:
+        f.write(buf)
+    except OSError as e:
+        target = Path(path if path is not None else getattr(f, "name", "."))
+        folder = target.parent if str(target.parent) else Path(".")
+        try:
+            free = os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize
+        except OSError:
+            free = -1
+        if e.errno == errno.ENOSPC or (e.errno is None and 0 <= free < len(buf)):
+            raise OSError(errno.ENOSPC, f"{target}: no space left on device ({folder} has {free:,} "
+                                        f"bytes free; {len(buf):,} bytes needed for this write alone)") \
+                from None
+        raise

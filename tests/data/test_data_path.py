@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from ooc.config import TrainConfig
 from ooc.data.path import build_data_path
@@ -464,3 +465,29 @@ def test_bench_dd_reference_reads_the_dataset_chunks(metis_dataset: Path,
         pytest.skip("dd iflag=direct not supported here")
     assert r["bytes"] == nbytes and r["files"] == files and r["seconds"] > 0
     assert r["bandwidth_Bps"] == pytest.approx(nbytes / r["seconds"])
+
+
+# ------------------------------------------------------------------ global ids on every block
+@pytest.mark.parametrize("mode", ["exact", "buffer", "hybrid"])
+def test_blocks_carry_global_source_ids(planted_dataset: Path, tmp_path: Path, mode: str) -> None:
+    """Every block's ``src_ids`` are the global ids of its sources, a prefix of the input ids, and
+    the input rows are those nodes' features -- also in buffer mode, whose sampler works in a
+    state's local ids."""
+    cfg = TrainConfig(dataset=str(planted_dataset), output_dir=str(tmp_path), mode=mode,
+                      buffer_partitions=2, partitions=8, fanouts=[3, 3], batch_size=50,
+                      progress=False)
+    cfg.validate()
+    ds = Dataset(planted_dataset)
+    data = build_data_path(cfg, ds)
+    try:
+        plan = data.plan_nodes(ds.split("train"), 50, 0)
+        for batch in list(data.iterate(plan, 0))[:3]:
+            ids = batch.input_ids
+            assert ids is not None and ids.dtype == torch.int64
+            assert torch.equal(ids[:batch.seeds.shape[0]], torch.from_numpy(batch.seeds))
+            for b in batch.blocks:
+                assert torch.equal(b.src_ids, ids[:b.num_src])
+            want = ds.features.read_all()[ids.numpy()]
+            assert np.array_equal(batch.x.numpy(), want)
+    finally:
+        data.close()

@@ -160,6 +160,11 @@ def test_cli_rejects_impossible_layouts(planted_dataset: Path, tmp_path: Path,
     assert "--node-rank 2" in capsys.readouterr().err
     assert main(base + ["--devices", "2", "--repeat", "2"]) == 2
     assert "--repeat" in capsys.readouterr().err
+    # a budget too small for the machine's ranks is refused by the launcher: no process, no folder
+    assert main(base + ["--devices", "2", "--mode", "hybrid", "--memory-budget", "100kB"]) == 2
+    err = capsys.readouterr().err
+    assert "too small for 2 local ranks" in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists()
 
 
 # ---------------------------------------------------------------------------- must hold

@@ -47,7 +47,8 @@ def test_string_labels_are_sorted_class_names(edges: Path, tmp_path: Path) -> No
 
 
 def test_integer_labels_by_index_and_integral_floats(edges: Path, tmp_path: Path) -> None:
-    assert _convert(edges, "0 2\n1 0.0\n2 nan\n3 -1\n", "0,1", tmp_path / "ds") == 0
+    # classes 0 and 2 only: not dense, so the class count is declared
+    assert _convert(edges, "0 2\n1 0.0\n2 nan\n3 -1\n", "0,1", tmp_path / "ds", "--num-classes", "3") == 0
     ds = Dataset(tmp_path / "ds")
     assert ds.labels.tolist() == [2, 0, -1, -1]
     assert ds.num_classes == 3

@@ -10,6 +10,7 @@ import pytest
 
 from ooc.ingest.convert import GraphOptions, NodeInputs, convert_edgelist, convert_numpy
 from ooc.ingest.nodetables import JsonFeatures
+from ooc.ingest.readers import InputError
 from ooc.storage.dataset import Dataset
 from ooc.tools.cli import main
 
@@ -85,7 +86,11 @@ def test_features_keyed_by_string_ids(tmp_path: Path) -> None:
 def test_numpy_edges_with_json_features(tmp_path: Path) -> None:
     np.save(tmp_path / "e.npy", np.array([[0, 1], [1, 2], [2, 0]]))
     (tmp_path / "x.json").write_text('{"1": [3], "4": [0, 2]}')  # node 4: isolated, in the table only
-    ds = Dataset(convert_numpy(tmp_path / "e.npy", tmp_path / "ds",
+    # a table naming a node the edges do not is an error unless --num-nodes declares it
+    with pytest.raises(InputError, match="x.json: features for node 4, but the edges name nodes 0..2"):
+        convert_numpy(tmp_path / "e.npy", tmp_path / "bad", nodes=NodeInputs(features=tmp_path / "x.json"))
+    assert not (tmp_path / "bad").exists()
+    ds = Dataset(convert_numpy(tmp_path / "e.npy", tmp_path / "ds", GraphOptions(num_nodes=5),
                                nodes=NodeInputs(features=tmp_path / "x.json")))
     assert ds.num_nodes == 5
     assert ds.features.read_all().tolist() == [[0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 0, 0],

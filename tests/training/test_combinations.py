@@ -239,6 +239,9 @@ def test_two_ranks_hybrid_sigkill_then_resume_is_bit_identical(planted_dataset: 
         time.sleep(0.05)
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
+    # resuming with another layout would change the training: refused, the checkpoint kept
+    rc, _, err = _cli(["train", "--resume", str(tmp_path / "part"), "--no-progress"])
+    assert rc == 2 and "trained by 2 processes" in err and "--devices 2" in err, err[-2000:]
     rc, _, err = _cli(["train", "--resume", str(tmp_path / "part"), "--devices", "2", "--no-progress"])
     assert rc == 0, err[-3000:]
     mp = json.loads((tmp_path / "part" / "metrics.json").read_text())
