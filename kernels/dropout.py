@@ -1,7 +1,7 @@
 """Dropout masks from a counter-based generator, in parallel.
 
 ``torch.nn.functional.dropout`` on CPU draws its mask with ``bernoulli_``, one sequential generator call
-per element: on the billion-edge run (issue 8) the input dropout of a 15,10,5 batch of 1,024 seeds, a
+per element: on the billion-edge run the input dropout of a 15,10,5 batch of 1,024 seeds, a
 ~700,000 x 128 feature matrix, took about half of the trainer thread's time (py-spy, docs/benchmarks.md).
 Here element ``i`` is kept when 32 bits of ``splitmix64(key, i // 2)`` fall at or above ``p * 2^32``
 (two elements per 64-bit draw), so the mask is a pure function of (key, i): the same for any thread

@@ -945,7 +945,7 @@ class MiniBatch:
         return sum(b.num_edges for b in self.blocks)
 
 
-#: The name used by issue 2's code; the same class.
+#: The name used by earlier code; the same class.
 SampledSubgraph = MiniBatch
 
 

@@ -1,4 +1,4 @@
-"""Data-parallel training on CPU with gloo (issue 7): sharding, equivalence, step counts, exact
+"""Data-parallel training on CPU with gloo: sharding, equivalence, step counts, exact
 evaluation, several "machines", torchrun, a dead rank, shared-buffer memory.
 
 Every multi-process test runs under a timeout (``launch(timeout_s=...)`` or a subprocess timeout

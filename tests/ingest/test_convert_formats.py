@@ -1,4 +1,4 @@
-"""Input formats (issue 3): OGB raw layout (fixtures), Geom-GCN and GitHub (real files)."""
+"""Input formats: OGB raw layout (fixtures), Geom-GCN and GitHub (real files)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Streaming conversion (issue 3): the exact cases of the issue, id maps, options, CSC build."""
+"""Streaming conversion: exact small cases, id maps, options, CSC build."""
 
 from __future__ import annotations
 

@@ -77,7 +77,7 @@ def test_gnn_rejects_block_count_mismatch() -> None:
         m([empty_block()], torch.randn(5, 4))
 
 
-# ---------------------------------------------------------------- issue 6: sparse aggregation
+# ---------------------------------------------------------------- sparse aggregation
 from ooc.models import GATConv, GINConv, MODELS, aggregate, build_model, edge_softmax  # noqa: E402
 
 

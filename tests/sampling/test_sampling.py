@@ -111,7 +111,7 @@ def test_bad_seed_is_rejected() -> None:
         sample_blocks(ip, ix, np.array([9]), [2], key=0)
 
 
-# ------------------------------------------------------------------ issue 4: the sampler family
+# ------------------------------------------------------------------ the sampler family
 def weighted_star() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Node 0 <- 1,2,3,4 with probabilities [1,0,1,0]; node 5 <- 6,7 with [0,0]."""
     src = np.array([1, 2, 3, 4, 6, 7])

@@ -1,4 +1,4 @@
-"""ClusterGCN / GraphSAINT subgraphs and link-prediction batches (issue 4)."""
+"""ClusterGCN / GraphSAINT subgraphs and link-prediction batches."""
 
 from __future__ import annotations
 

@@ -110,7 +110,7 @@ def test_cli_help_and_bad_options(tmp_path: Path, capsys: pytest.CaptureFixture)
 
 @pytest.mark.parametrize("sampler", ["neighbor", "labor", "ladies", "cluster", "saint"])
 def test_every_sampler_trains(planted_dataset: Path, tmp_path: Path, sampler: str) -> None:
-    """Issue 4: ``--sampler`` trains end to end; the planted labels are learnt by each sampler."""
+    """``--sampler`` trains end to end; the planted labels are learnt by each sampler."""
     m = train(_cfg(planted_dataset, tmp_path / sampler, sampler=sampler, epochs=3, layer_size=256,
                    num_clusters=16, clusters_per_batch=2, model="sage"))
     assert m["config"]["sampler"] == sampler

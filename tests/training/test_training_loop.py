@@ -239,7 +239,7 @@ def test_cli_accepts_negative_fanouts(planted_dataset: Path, tmp_path: Path) -> 
     assert json.loads((tmp_path / "r" / "config.json").read_text())["fanouts"] == [-1, -1]
 
 
-# ---------------------------------------------------------------- accuracy-table configs (issue 6)
+# ---------------------------------------------------------------- accuracy-table configs
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
