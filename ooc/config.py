@@ -316,7 +316,6 @@ class TrainConfig:
         Raises:
             ConfigError: an entry without ``=``, an unknown key or a badly typed value.
         """
-        import yaml
         for a in assignments:
             if "=" not in a:
                 raise ConfigError(f"--set {a!r}: expected KEY=VALUE")

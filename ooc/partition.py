@@ -41,7 +41,7 @@ from typing import Iterator
 import numpy as np
 
 from ooc.util.sizes import format_bytes, parse_bytes
-from ooc.kernels.partition import (bucket_sort_block, count_buckets_block, count_cut_block,
+from ooc.kernels.partition import (bucket_sort_block, count_cut_block,
                                    relabel_lists, scatter_rows, stream_assign_block)
 from ooc.storage.dataset import ARRAY_NAMES, Dataset, DatasetWriter, _fault_point, check_replaceable
 from ooc.storage.locks import PathLock

@@ -4,7 +4,6 @@ one is a clean error naming the file, and --resume falls back to the previous ch
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
