@@ -34,7 +34,7 @@ from ooc.sparse import (Adjacency, gather_dst, gather_src, segment_max, segment_
                         transform_first)
 
 __all__ = ["TorchBlock", "to_torch_blocks", "split_self_loops", "aggregate", "edge_softmax", "Dropout", "SAGEConv", "GCNConv",
-           "GATConv", "GINConv", "GNN", "build_model", "takes_half", "MODELS"]
+           "GATConv", "GINConv", "GNN", "build_model", "takes_half", "needs_loop_counts", "MODELS"]
 
 
 class _CounterDropout(torch.autograd.Function):
@@ -554,6 +554,14 @@ class GINConv(nn.Module):
 
 
 MODELS = ("sage", "gcn", "gat", "gin")
+
+
+def needs_loop_counts(name: str) -> bool:
+    """Whether model ``name`` reads :attr:`TorchBlock.loops` (each node's self-loops in the full
+    graph): GCN's exactly-one-self-loop normalisation does, and a user's ``MODULE:CLASS`` may; SAGE,
+    GAT (which only drops the loop edges of its block) and GIN do not, and their runs keep no
+    4-byte-per-node loop counts."""
+    return name == "gcn" or ":" in name
 
 
 def takes_half(model: nn.Module) -> bool:

@@ -19,7 +19,8 @@ from ooc.kernels.sampling import workspace_bytes
 from ooc.storage.dataset import Dataset
 from ooc.util.sizes import format_bytes
 
-__all__ = ["BudgetPlan", "plan_budget", "RssMonitor", "release_free_memory", "tune_allocator"]
+__all__ = ["BudgetPlan", "plan_budget", "RssMonitor", "mmap_threshold_for", "release_free_memory",
+           "tune_allocator"]
 
 
 def _status_field(name: str) -> int | None:
@@ -126,6 +127,20 @@ def tune_allocator(mmap_threshold: int = 64 << 20, arena_max: int = 2) -> bool:
         return bool(ok)
     except (OSError, AttributeError):  # pragma: no cover - not glibc
         return False
+
+
+def mmap_threshold_for(budget: int | None) -> int:
+    """The allocator's mmap threshold for one process under ``budget`` bytes (None: no budget):
+    1/128 of the budget, between 1 MiB and 64 MiB (the full 64 MiB from an 8 GiB budget on).
+
+    Allocations below the threshold come from the heap and stay there after they are freed (until
+    :func:`release_free_memory`), so RSS runs above the live data by about one step's heap arrays:
+    65-85 MiB at a 64 MiB threshold on the 1 M-node bench against a 178 MiB budget, 20-30 MiB at
+    1.4 MiB (1/128), where a step pays page faults on fresh mappings instead.  Without a budget the
+    steps reuse heap memory (the faster setting, see :func:`tune_allocator`)."""
+    if budget is None:
+        return 64 << 20
+    return int(min(64 << 20, max(1 << 20, int(budget) // 128)))
 
 
 def release_free_memory() -> None:
@@ -239,7 +254,7 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                 local_world: int = 1, share: bool = True, per_rank_extra: int = 0,
                 topology_edges: int | None = None, min_state: int = 1,
                 float_copy: bool | None = None, embedding: int = 0,
-                embedding_dim: int = 0, lookahead: int = 0) -> BudgetPlan:
+                embedding_dim: int = 0, lookahead: int = 0, loop_counts: bool = True) -> BudgetPlan:
     """Split one machine's ``budget`` between topology, node arrays, batches in flight, sampler
     scratch, compressed rows (``compressed`` bytes of PQ codes, see :mod:`ooc.features.pq`),
     partition slots and the CPU row cache.
@@ -262,6 +277,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
             rows gain D float32 columns, counted with the batches in flight).
         lookahead: batches a look-ahead cache keeps sampled ahead (``--cache-policy belady``),
             charged per rank (:func:`ooc.data.lookahead.lookahead_bytes`); 0 = none.
+        loop_counts: the model reads each node's self-loop count (int32 [N] in memory,
+            :func:`ooc.models.needs_loop_counts`).
 
     Raises:
         ValueError: the budget cannot hold the fixed parts plus the minimum the mode needs (one
@@ -278,7 +295,7 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
     indptr = ds.indptr
     part_edges = indptr[offsets[1:]] - indptr[offsets[:-1]]
     lw = max(int(local_world), 1)
-    topo = 8 * (n + 1) + 8 * n + 4 * n  # indptr, degrees, self-loop counts
+    topo = 8 * (n + 1) + 8 * n + (4 * n if loop_counts else 0)  # indptr, degrees, self-loop counts
     if topology_edges is not None:
         topo += 8 * int(topology_edges)
         e = int(topology_edges)

@@ -37,7 +37,8 @@ import numpy as np
 import torch
 
 from ooc.contracts import Batch, EdgePairs, Graph, Job, Plan, SingleProcess
-from ooc.data.budget import BudgetPlan, RssMonitor, plan_budget, release_free_memory
+from ooc.data.budget import (BudgetPlan, RssMonitor, mmap_threshold_for, plan_budget,
+                             release_free_memory, tune_allocator)
 from ooc.data.buffer import BufferManager, make_buffer
 from ooc.data.loader import BuildFn, Loader
 from ooc.data.lookahead import Lookahead
@@ -52,7 +53,7 @@ from ooc.kernels.graph import self_loop_counts
 from ooc.kernels.partition import contiguous_partitions
 from ooc.kernels.rng import batch_key
 from ooc.kernels.sampling import MiniBatch, excluded_edge_keys
-from ooc.models import to_torch_blocks
+from ooc.models import needs_loop_counts, to_torch_blocks
 from ooc.sampling.samplers import NeighborSampler, Sampler, make_sampler, partition_clusters
 from ooc.storage.dataset import Dataset
 from ooc.storage.io import DiskRows, NeighborReader
@@ -510,8 +511,10 @@ def _topology(cfg: "TrainConfig", ds: Dataset, job: Job,
         readers.append(reader)
     degrees = shared_array(job, "degrees", (indptr.shape[0] - 1,), np.int64,
                            lambda o: np.subtract(indptr[1:], indptr[:-1], out=o))
-    loops = shared_array(job, "loops", (indptr.shape[0] - 1,), np.int32,
-                         lambda o: _loop_counts(indptr, indices, ds, o))
+    loops = None
+    if needs_loop_counts(cfg.model):
+        loops = shared_array(job, "loops", (indptr.shape[0] - 1,), np.int32,
+                             lambda o: _loop_counts(indptr, indices, ds, o))
     return Graph(indptr, indices, degrees, reader, loops), readers
 
 
@@ -587,7 +590,8 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
     kw: dict[str, Any] = dict(local_world=local_world, share=cfg.shared_buffer,
                               per_rank_extra=host_cache, min_state=2 if task == "link" else 1,
                               embedding=emb, embedding_dim=cfg.embedding,
-                              topology_edges=topology_edges, lookahead=cfg.lookahead)
+                              topology_edges=topology_edges, lookahead=cfg.lookahead,
+                              loop_counts=needs_loop_counts(cfg.model))
     args = (cfg.mode, budget_bytes, ds, offsets, cfg.topology, cfg.batch_size, cfg.fanouts,
             cfg.prefetch, cfg.hidden, cfg.buffer_partitions, cache_size, cfg.cache_policy,
             cfg.ordering, cfg.eval_batch_size, cfg.eval_fanouts)
@@ -633,6 +637,9 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
         from ooc.features.pq import open_compressed
         approx = open_compressed(ds, lambda shape, dtype, fill: shared_array(job, "pq", shape, dtype,
                                                                                fill))
+    # heap retention within a small budget (each local rank has its own heap)
+    tune_allocator(mmap_threshold_for(plan.budget // max(job.local_world_size, 1)
+                                      if plan.budget else None))
     if plan.prefetch < cfg.prefetch:
         log.info("prefetch depth %d -> %d to fit the batches in flight into the budget",
                  cfg.prefetch, plan.prefetch)
@@ -677,7 +684,8 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
     data = DataPath(cfg, ds, job, graph, labels, offsets, plan, buffer, misses, sampler, readers, rss)
     if job.local_world_size > 1:  # what the machine's ranks hold once
         data.shared_bytes = (buffer.alloc_bytes if buffer.shared else 0) + graph.indptr.nbytes \
-            + graph.degrees.nbytes + (graph.indices.nbytes if cfg.topology == "memory" or
+            + graph.degrees.nbytes + (graph.loops.nbytes if graph.loops is not None else 0) \
+            + (graph.indices.nbytes if cfg.topology == "memory" or
                                       topology is not None else 0) \
             + (approx.codes.nbytes if approx is not None else 0)
     return data

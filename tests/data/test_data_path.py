@@ -491,3 +491,29 @@ def test_blocks_carry_global_source_ids(planted_dataset: Path, tmp_path: Path, m
             assert np.array_equal(batch.x.numpy(), want)
     finally:
         data.close()
+
+
+def test_allocator_threshold_follows_the_budget() -> None:
+    from ooc.data.budget import mmap_threshold_for
+    assert mmap_threshold_for(None) == 64 << 20
+    assert mmap_threshold_for(64 << 20) == 1 << 20  # floor
+    assert mmap_threshold_for(178 << 20) == (178 << 20) // 128
+    assert mmap_threshold_for(8 << 30) == 64 << 20 == mmap_threshold_for(100 << 30)  # cap
+
+
+@pytest.mark.parametrize("model, held", [("sage", False), ("gin", False), ("gat", False), ("gcn", True)])
+def test_self_loop_counts_held_and_budgeted_only_for_models_that_read_them(
+        metis_dataset: Path, tmp_path: Path, model: str, held: bool) -> None:
+    cfg = _cfg(metis_dataset, tmp_path / "r", model=model, mode="hybrid", memory_budget="64MB")
+    data = build_data_path(cfg, Dataset(metis_dataset))
+    try:
+        n = Dataset(metis_dataset).num_nodes
+        assert (data.graph.loops is not None) == held
+        if held:
+            assert data.graph.loops.dtype == np.int32 and data.graph.loops.shape == (n,)
+        # indptr (n + 1) + degrees (n), int64, + the in-memory lists, + 4 B per node of loop counts
+        ds = Dataset(metis_dataset)
+        lists = ds.raw("indices").shape[0] * ds.raw("indices").dtype.itemsize
+        assert data.budget.topology == 8 * (n + 1) + 8 * n + lists + (4 * n if held else 0)
+    finally:
+        data.close()
