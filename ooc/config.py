@@ -419,6 +419,10 @@ def validate_data_options(cfg: "TrainConfig") -> None:
         raise ValueError(f"--cache-policy {cfg.cache_policy} needs --mode exact: it evicts by the "
                          "rows the next batches ask for, known only when the partition buffer is "
                          f"static (in {cfg.mode} mode the misses depend on the residency)")
+    if cfg.cache_policy in LOOKAHEAD_POLICIES and cfg.task == "link":
+        raise ValueError(f"--cache-policy {cfg.cache_policy} applies to node tasks: link prediction's "
+                         "batches (positive edges and their negatives) are not sampled ahead; use "
+                         "--cache-policy sieve, clock or lru")
     if cfg.lookahead < 2:
         raise ValueError(f"--lookahead must be >= 2 batches, got {cfg.lookahead}")
     for opt in ("memory_budget", "cache_size", "device_cache"):

@@ -37,12 +37,24 @@ from ooc.storage.rawarray import RawArray, RawArrayWriter
 if TYPE_CHECKING:  # pragma: no cover
     from ooc.data.path import DataPath
 
-__all__ = ["layerwise_inference", "LayerOutput", "write_rows_in_original_order", "IN_MEMORY_LIMIT"]
+__all__ = ["layerwise_inference", "LayerOutput", "write_rows_in_original_order", "IN_MEMORY_LIMIT",
+           "layers_in_memory"]
 
 log = logging.getLogger("ooc.inference")
 
 #: Layers smaller than this are kept in memory when no output folder is given.
 IN_MEMORY_LIMIT = 1 << 30
+
+
+def layers_in_memory(num_nodes: int, width: int, staging: int | None, kept: int = 2) -> bool:
+    """Whether layer-wise inference may keep its layer outputs (``kept`` of them, float32
+    [num_nodes, width] each) in memory: below :data:`IN_MEMORY_LIMIT` each, and under a memory
+    budget within ``staging``, the budget's share for batches in flight, which stands idle while a
+    run evaluates (None: no budget).  Otherwise they go to Zarr arrays in the run's folder."""
+    one = int(num_nodes) * int(width) * 4
+    if one > IN_MEMORY_LIMIT:
+        return False
+    return staging is None or kept * one <= int(staging)
 
 
 @dataclass

@@ -149,8 +149,8 @@ def run_bench_peer(a: argparse.Namespace) -> dict:
     dataset = Path(a.dataset)
     peers = Path(a.peers_dir)
     py, why = _peer_python("dgl", a.dgl_python)
-    if py is None:
-        raise RuntimeError(why)
+    if py is None:  # a one-line error (exit 2): the peer is not installed where we looked
+        raise FileNotFoundError(why)
     ds = Dataset(dataset)
     size = ds.features.nbytes + ds.raw("indices").nbytes + ds.raw("indptr").nbytes
     if not a.partitions:
@@ -281,5 +281,8 @@ def add_bench_peer(bsub: argparse._SubParsersAction) -> None:
                    help="CHECKOUT/.venv/bin/python of another checkout (e.g. the main branch): every "
                         "ooc mode also runs with its ooc, right after this one: before/after in the "
                         "same run")
-    p.add_argument("--no-drop-caches", action="store_true")
+    p.add_argument("--no-drop-caches", action="store_true",
+                   help="do not drop the page cache before each run (dropping it writes "
+                        "/proc/sys/vm/drop_caches, which needs root; without it out-of-core runs "
+                        "read from the page cache and their times are not honest)")
     p.set_defaults(func=_cmd)

@@ -841,7 +841,8 @@ def _reexec_argv() -> list[str] | None:
 _FIRST_RUN = {
     "convert": (("ooc.kernels.graph:sort_segments",), 15),
     "generate": (("ooc.kernels.graph:sort_segments", "ooc.kernels.rmat:rmat_edges"), 15),
-    "train": (("ooc.kernels.sampling:_sample_hops",), 35),
+    "train": (("ooc.kernels.sampling:_sample_hops", "ooc.kernels.aggregate:spmm_csr",
+               "ooc.features.cache:_lookup"), 35),
     "demo": (("ooc.kernels.graph:sort_segments", "ooc.kernels.sampling:_sample_hops"), 55),
 }
 

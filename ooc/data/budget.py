@@ -262,7 +262,7 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
     Shared by the machine's ``local_world`` ranks, hence counted once: the topology held in memory,
     the PQ codes, the partition slots (``share``; else one buffer per rank) and the cache (split
     between the ranks).  Counted per rank: node arrays, batches in flight, sampler scratch, the
-    resident subgraph of buffer mode, ``per_rank_extra`` (e.g. a CPU device cache).  When the
+    resident subgraph of buffer mode, ``per_rank_extra`` (a CPU device cache, link prediction's split).  When the
     batches in flight do not fit, the prefetch depth is lowered (it changes speed, never results)
     before the budget is refused.
 
@@ -306,10 +306,12 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
     # miss reads' request staging (at most (io_depth + 8) x MISS_RUN_BYTES, 5 MiB by default) is
     # a fixed cost, part of the stated runtime overhead
     scratch = 2 * workspace_bytes(n)
+    window = 0
     if lookahead and cache_policy in LOOKAHEAD_POLICIES:
         from ooc.data.lookahead import lookahead_bytes
         rows, edges = _batch_extent(n, e / max(n, 1), batch_size, fanouts)
-        scratch += lookahead_bytes(lookahead, rows, edges, n)
+        window = lookahead_bytes(lookahead, rows, edges, n)
+        scratch += window
     slot = BufferManager.slot_bytes(int(sizes.max()), row_bytes)
     slot_private = 0
     if mode == "buffer":  # in-edges of the partition (raw) travel with it; its local CSC per rank
@@ -351,9 +353,12 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                 + (f" for {lw} local ranks" if lw > 1 else "") + f": topology {format_bytes(topo)}, "
                 f"node arrays {format_bytes(nodes)}, batches in flight {format_bytes(stage)}{which}, "
                 f"sampler scratch {format_bytes(scratch)}"
+                + (f" (of which the look-ahead window of --lookahead {lookahead} batches "
+                   f"{format_bytes(window)})" if window else "")
                 + (" per rank" if lw > 1 else "")
                 + (f", PQ codes {format_bytes(compressed)}" if compressed else "")
-                + (f", host-side device cache {format_bytes(per_rank_extra)}" if per_rank_extra else "")
+                + (f", host-side device cache and task arrays (link split) "
+                   f"{format_bytes(per_rank_extra)}" if per_rank_extra else "")
                 + (f", node embeddings {format_bytes(embedding)}" if embedding else "")
                 + (f", {need_slots} partition slot{'s' if need_slots > 1 else ''} "
                    f"{format_bytes(slots_cost(need_slots))}" if need_slots else "")

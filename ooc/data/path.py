@@ -47,7 +47,7 @@ from ooc.data.plan import plan_bucket_states, plan_cluster_states, plan_exact, p
 from ooc.data.resident import ResidentGraph
 from ooc.data.shared import shared_array
 from ooc.embedding import embedding_bytes
-from ooc.features.cache import CachedFeature
+from ooc.features.cache import LOOKAHEAD_POLICIES, CachedFeature
 from ooc.features.tiers import MissRows, NoFeatures
 from ooc.kernels.graph import self_loop_counts
 from ooc.kernels.partition import contiguous_partitions
@@ -557,17 +557,22 @@ def _check_featureless(cfg: "TrainConfig", ds: Dataset) -> None:
 
 
 def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_world: int = 1,
-                 device_type: str = "cpu", task: str = "node", topology_edges: int | None = None
-                 ) -> tuple[BudgetPlan, int, Callable[[], BudgetPlan]]:
+                 device_type: str = "cpu", task: str = "node", topology_edges: int | None = None,
+                 task_bytes: int | None = None) -> tuple[BudgetPlan, int, Callable[[], BudgetPlan]]:
     """The budget plan of one machine running ``local_world`` ranks of ``cfg`` on ``device_type``
     devices: ``(plan, PQ bytes it holds, a function giving the plan without PQ codes)``.  The
     launcher of a data-parallel job calls it before starting any process (a budget too small is
     refused there, with its reason).
 
+    ``task_bytes``: host memory of the task's own arrays per rank (link prediction's split; default
+    for ``link``: 16 B per stored edge, a graph stored in both directions).
+
     Raises:
         ValueError: a budget that cannot hold the mode's minimum (naming every part).
         DatasetError: ``--miss-features pq`` without codes.
     """
+    if task_bytes is None:
+        task_bytes = 16 * ds.num_edges if task == "link" else 0
     budget_bytes = parse_bytes(cfg.memory_budget) if cfg.memory_budget else None
     cache_size = parse_bytes(cfg.cache_size) if cfg.cache_size else None
     pq_need = 0
@@ -588,7 +593,8 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
                  format_bytes(embedding_bytes(ds.num_nodes, cfg.embedding, cfg.optimizer)),
                  cfg.optimizer)
     kw: dict[str, Any] = dict(local_world=local_world, share=cfg.shared_buffer,
-                              per_rank_extra=host_cache, min_state=2 if task == "link" else 1,
+                              per_rank_extra=host_cache + int(task_bytes),
+                              min_state=2 if task == "link" else 1,
                               embedding=emb, embedding_dim=cfg.embedding,
                               topology_edges=topology_edges, lookahead=cfg.lookahead,
                               loop_counts=needs_loop_counts(cfg.model))
@@ -602,7 +608,7 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
 def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
                     rss: RssMonitor | None = None, task: str = "node",
                     topology: tuple[np.ndarray, np.ndarray] | None = None,
-                    train_ids: np.ndarray | None = None) -> DataPath:
+                    train_ids: np.ndarray | None = None, task_bytes: int | None = None) -> DataPath:
     """Build the data path of ``cfg`` under ``cfg.memory_budget`` (the one factory; every rank of
     a job calls it at the same point).
 
@@ -614,6 +620,7 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
         topology: ``(indptr, indices)`` to sample from instead of the dataset's (link prediction's
             training graph).
         train_ids: the training nodes (GraphSAINT's roots; default the dataset's ``train`` split).
+        task_bytes: host memory of the task's own arrays per rank (see :func:`plan_machine`).
 
     Raises:
         ValueError: bad options, or a budget that cannot hold the mode's minimum.
@@ -628,7 +635,7 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
     offsets = partition_offsets(cfg, ds)
     plan, pq_need, replan = plan_machine(cfg, ds, offsets, job.local_world_size, job.device.type,
                                          task, int(topology[1].shape[0]) if topology is not None
-                                         else None)
+                                         else None, task_bytes)
     approx: "CompressedRows | None" = None
     if pq_need and plan.slots >= plan.num_parts:  # everything resident: nothing to decode
         plan = replan()
@@ -653,6 +660,10 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
     rows_each = plan.cache_rows // max(job.local_world_size, 1)  # the ranks split the cache
     if rows_each > 0 and cfg.cache_policy != "none" and has_feats:
         cache = CachedFeature(feats, rows_each, cfg.cache_policy)
+    if cache is None and cfg.cache_policy in LOOKAHEAD_POLICIES and has_feats:
+        log.warning("--cache-policy %s: no CPU row cache to manage (%s), so nothing is sampled ahead; "
+                    "give --memory-budget or --cache-size", cfg.cache_policy,
+                    "the budget leaves it no room" if plan.budget else "no --memory-budget or --cache-size")
     misses = MissRows(feats, cache, approx)
     topo_rows = None
     if cfg.mode == "buffer" and graph.indices is None:

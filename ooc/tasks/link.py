@@ -24,7 +24,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -42,7 +42,7 @@ from ooc.models import GNN, takes_half
 from ooc.storage.dataset import Dataset
 
 __all__ = ["LinkSplit", "undirected_pairs", "link_split", "training_graph", "LinkDecoder",
-           "ranking_metrics", "LinkTask"]
+           "candidate_ranks", "metrics_from_ranks", "ranking_metrics", "split_bytes", "LinkTask"]
 
 log = logging.getLogger("ooc.tasks")
 
@@ -72,11 +72,23 @@ class LinkSplit:
     valid: np.ndarray
     test: np.ndarray
 
+    _keys: np.ndarray | None = field(default=None, repr=False, compare=False)
+
     def all_keys(self) -> np.ndarray:
-        """Sorted int64 keys ``u * N + v`` of every edge of every split, both directions."""
-        e = np.concatenate([self.train, self.valid, self.test])
-        n = self.num_nodes
-        return np.unique(np.concatenate([e[:, 0] * n + e[:, 1], e[:, 1] * n + e[:, 0]]))
+        """Sorted int64 keys ``u * N + v`` of every edge of every split, both directions (computed
+        once: 16 bytes per undirected edge, counted in the budget as :func:`split_bytes`)."""
+        if self._keys is None:
+            e = np.concatenate([self.train, self.valid, self.test])
+            n = self.num_nodes
+            self._keys = np.unique(np.concatenate([e[:, 0] * n + e[:, 1], e[:, 1] * n + e[:, 0]]))
+        return self._keys
+
+
+def split_bytes(num_pairs: int) -> int:
+    """Host memory of a link split of ``num_pairs`` undirected edges, per rank: the pairs of the
+    three parts (16 B each) and the sorted keys of both directions (16 B per pair).  A graph stored
+    in both directions (``ooc convert --undirected``) has ``num_edges / 2`` pairs."""
+    return 32 * int(num_pairs)
 
 
 def link_split(indptr: np.ndarray, indices: np.ndarray, val_frac: float, test_frac: float,
@@ -134,6 +146,26 @@ class LinkDecoder(nn.Module):
         return (h_u * h_v).sum(-1)
 
 
+def candidate_ranks(pos: np.ndarray, neg: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
+    """float64 [M]: the rank of each positive among its valid candidates,
+    ``1 + #(neg > pos) + #(neg == pos) / 2`` (see :func:`ranking_metrics`)."""
+    if valid is None:
+        valid = np.ones(neg.shape, dtype=bool)
+    higher = ((neg > pos[:, None]) & valid).sum(1)
+    ties = ((neg == pos[:, None]) & valid).sum(1)
+    return 1.0 + higher + 0.5 * ties
+
+
+def metrics_from_ranks(rank: np.ndarray, ks: tuple[int, ...] = (10, 20, 50)) -> dict:
+    """``{"mrr", "hits@K", ...}`` of positives with ranks ``rank`` (float [M]); 0.0 each when empty."""
+    if rank.shape[0] == 0:
+        return {"mrr": 0.0, **{f"hits@{k}": 0.0 for k in ks}}
+    out = {"mrr": float((1.0 / rank).mean())}
+    for k in ks:
+        out[f"hits@{k}"] = float((rank <= k).mean())
+    return out
+
+
 def ranking_metrics(pos: np.ndarray, neg: np.ndarray, valid: np.ndarray | None = None,
                     ks: tuple[int, ...] = (10, 20, 50)) -> dict:
     """MRR and Hits@K of each positive ranked among its candidates.
@@ -149,16 +181,8 @@ def ranking_metrics(pos: np.ndarray, neg: np.ndarray, valid: np.ndarray | None =
         ``1 + #(neg > pos) + #(neg == pos) / 2`` over its valid candidates.
     """
     if pos.shape[0] == 0:
-        return {"mrr": 0.0, **{f"hits@{k}": 0.0 for k in ks}}
-    if valid is None:
-        valid = np.ones(neg.shape, dtype=bool)
-    higher = ((neg > pos[:, None]) & valid).sum(1)
-    ties = ((neg == pos[:, None]) & valid).sum(1)
-    rank = 1.0 + higher + 0.5 * ties
-    out = {"mrr": float((1.0 / rank).mean())}
-    for k in ks:
-        out[f"hits@{k}"] = float((rank <= k).mean())
-    return out
+        return metrics_from_ranks(np.empty(0), ks)
+    return metrics_from_ranks(candidate_ranks(pos, neg, valid), ks)
 
 
 class LinkTask:
@@ -188,7 +212,10 @@ class LinkTask:
         if self.split.train.shape[0] == 0:
             raise ValueError(f"{cfg.dataset}: no training edges for link prediction")
         topo = training_graph(self.split.train, n)
-        self.data = build_data_path(cfg, ds, self.job, rss, task="link", topology=topo)
+        sp = self.split
+        self.data = build_data_path(cfg, ds, self.job, rss, task="link", topology=topo,
+                                    task_bytes=split_bytes(sp.train.shape[0] + sp.valid.shape[0]
+                                                           + sp.test.shape[0]))
         tr = self.split.train
         self.part_src = self.data.part_of(tr[:, 0])
         self.part_dst = self.data.part_of(tr[:, 1])
@@ -265,51 +292,75 @@ class LinkTask:
             out[k] = float(v) if k == "loss" else int(round(v))
         return out
 
-    def candidates(self, part: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(pairs [M,2], tails [M,C], valid [M,C])`` of a held-out part, fixed by ``split_seed``."""
+    def candidate_chunks(self, part: str, chunk_keys: int = 1 << 18
+                         ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """``(pairs [m,2], tails [m,C], valid [m,C])`` of a held-out part, in row chunks of about
+        ``chunk_keys`` candidates (the same tails whatever the chunk size: one generator, fixed by
+        ``split_seed``, drawn row after row).  A candidate counts unless it is the head itself or a
+        true edge of any split (membership by binary search in the sorted keys): memory is
+        O(chunk_keys), not O(held-out edges x candidates)."""
         pairs = self.split.valid if part == "valid" else self.split.test
         c = self.cfg.eval_candidates
+        n = self.split.num_nodes
         rng = np.random.default_rng([self.cfg.split_seed, 0xCA4D, 1 if part == "valid" else 2])
-        tails = rng.integers(0, self.split.num_nodes, size=(pairs.shape[0], c), dtype=np.int64)
-        keys = pairs[:, :1] * self.split.num_nodes + tails
         known = self.split.all_keys()
-        valid = ~np.isin(keys, known) & (tails != pairs[:, :1])
-        return pairs, tails, valid
+        rows = max(1, chunk_keys // max(c, 1))
+        for s in range(0, pairs.shape[0], rows):
+            p = pairs[s:s + rows]
+            tails = rng.integers(0, n, size=(p.shape[0], c), dtype=np.int64)
+            keys = p[:, :1] * n + tails
+            pos = np.searchsorted(known, keys)
+            hit = known[np.minimum(pos, known.shape[0] - 1)] == keys if known.shape[0] else \
+                np.zeros(keys.shape, dtype=bool)
+            yield p, tails, ~hit & (tails != p[:, :1])
+
+    def candidates(self, part: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(pairs [M,2], tails [M,C], valid [M,C])`` of a held-out part, fixed by ``split_seed``
+        (all chunks of :meth:`candidate_chunks` at once: for tests and small graphs)."""
+        chunks = list(self.candidate_chunks(part))
+        c = self.cfg.eval_candidates
+        if not chunks:
+            return (np.empty((0, 2), dtype=np.int64), np.empty((0, c), dtype=np.int64),
+                    np.empty((0, c), dtype=bool))
+        return tuple(np.concatenate(a) for a in zip(*chunks))  # type: ignore[return-value]
 
     @torch.no_grad()
     def evaluate(self, model: GNN, device: torch.device, out_dir: str | Path | None = None) -> dict:
         """Validation and test MRR / Hits@K from one layer-wise inference pass over all nodes (every
-        rank runs the same pass; the scores are exact and equal on all ranks)."""
-        from ooc.inference import IN_MEMORY_LIMIT, layerwise_inference
+        rank runs the same pass; the scores are exact and equal on all ranks).  Candidates are
+        drawn, scored and ranked chunk by chunk (:meth:`candidate_chunks`); only each positive's
+        rank is kept."""
+        from ooc.inference import layerwise_inference, layers_in_memory
         L = model.num_layers
-        if out_dir is None and self.ds.num_nodes * max(model.dims[1:]) * 4 > IN_MEMORY_LIMIT:
+        staging = self.data.budget.staging if self.data.budget.budget else None
+        if out_dir is None and not layers_in_memory(self.ds.num_nodes, max(model.dims[1:]), staging):
             out_dir = self.job.run_dir(self.cfg.output_dir) / "inference"
         emb = layerwise_inference(model, self.data, self.cfg.eval_batch_size, out_dir, device,
                                   keep=(L - 1,))[L - 1]
         dec = model.decoder.cpu() if device.type != "cpu" else model.decoder
         n = self.split.num_nodes
-        # in memory: score each chunk of heads against all nodes with one matmul and pick the
-        # candidates; on disk: gather the candidates' rows
+        # in memory: score each group of heads against all nodes with one matmul ([step, N] floats,
+        # at most 16 MiB) and pick the candidates; on disk: gather the candidates' rows
         full = torch.from_numpy(emb.array) if isinstance(emb.array, np.ndarray) else None
+        step = max(1, min(1024, (1 << 22) // max(n, 1))) if full is not None else 256
         res: dict = {}
         for part, prefix in (("valid", "val"), ("test", "test")):
-            pairs, tails, valid = self.candidates(part)
-            pos_l, neg_l = [], []
-            step = max(1, min(1024, (1 << 24) // max(n, 1))) if full is not None else 256
-            for s in range(0, pairs.shape[0], step):
-                hu = torch.from_numpy(emb.gather(pairs[s:s + step, 0]))
-                hv = torch.from_numpy(emb.gather(pairs[s:s + step, 1]))
-                t = tails[s:s + step]
-                pos_l.append(dec(hu, hv).numpy())
-                if full is not None:
-                    q = hu * dec.rel if dec.rel is not None else hu
-                    neg_l.append((q @ full.T).gather(1, torch.from_numpy(t)).numpy())
-                else:
-                    ht = torch.from_numpy(emb.gather(t.reshape(-1))).view(t.shape[0], t.shape[1], -1)
-                    neg_l.append(dec(hu.unsqueeze(1), ht).numpy())
-            pos = np.concatenate(pos_l) if pos_l else np.empty(0, dtype=np.float32)
-            neg = np.concatenate(neg_l) if neg_l else np.empty((0, tails.shape[1]), dtype=np.float32)
-            for k, v in ranking_metrics(pos, neg, valid, tuple(self.cfg.hits_k)).items():
+            ranks: list[np.ndarray] = []
+            for pairs, tails, valid in self.candidate_chunks(part):
+                for s in range(0, pairs.shape[0], step):
+                    hu = torch.from_numpy(emb.gather(pairs[s:s + step, 0]))
+                    hv = torch.from_numpy(emb.gather(pairs[s:s + step, 1]))
+                    t = tails[s:s + step]
+                    pos = dec(hu, hv).numpy()
+                    if full is not None:
+                        q = hu * dec.rel if dec.rel is not None else hu
+                        neg = (q @ full.T).gather(1, torch.from_numpy(t)).numpy()
+                    else:
+                        ht = torch.from_numpy(emb.gather(t.reshape(-1))).view(t.shape[0], t.shape[1], -1)
+                        neg = dec(hu.unsqueeze(1), ht).numpy()
+                    ranks.append(candidate_ranks(pos, neg, valid[s:s + step]))
+            rank = np.concatenate(ranks) if ranks else np.empty(0)
+            for k, v in metrics_from_ranks(rank, tuple(self.cfg.hits_k)).items():
                 res[f"{prefix}_{k}"] = v
         if device.type != "cpu":
             model.decoder.to(device)

@@ -269,8 +269,9 @@ class NodeTask:
         """``val_acc``, ``val_loss`` and ``test_acc`` (micro-F1 under the same keys when
         multi-label), exact over all ranks (see the module docstring)."""
         if self.cfg.eval_mode == "layerwise":
-            from ooc.inference import IN_MEMORY_LIMIT
-            big = self.ds.num_nodes * max(model.dims[1:]) * 4 > IN_MEMORY_LIMIT
+            from ooc.inference import layers_in_memory
+            staging = self.data.budget.staging if self.data.budget.budget else None
+            big = not layers_in_memory(self.ds.num_nodes, max(model.dims[1:]), staging)
             return evaluate_node_layerwise(model, self, device,
                                            self.job.run_dir(self.cfg.output_dir) / "inference"
                                            if big else None)

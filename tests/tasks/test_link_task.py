@@ -12,7 +12,8 @@ import torch
 from ooc.training.checkpoint import load_checkpoint
 from ooc.config import TrainConfig
 from ooc.kernels.graph import build_csc
-from ooc.tasks.link import LinkDecoder, LinkTask, link_split, ranking_metrics, training_graph, undirected_pairs
+from ooc.tasks.link import (LinkDecoder, LinkTask, candidate_ranks, link_split, metrics_from_ranks,
+                            ranking_metrics, training_graph, undirected_pairs)
 from ooc.storage.dataset import Dataset
 from ooc.tools.cli import main
 from ooc.training.loop import Interrupted, train
@@ -65,6 +66,13 @@ def test_task_message_passing_graph_excludes_held_out_edges(cora_dataset: Path, 
         for w in tails[i][valid[i]].tolist():
             u = int(pairs[i, 0])
             assert (min(u, w), max(u, w)) not in known and w != u
+    # drawn chunk by chunk (bounded memory): the same candidates whatever the chunk size
+    chunks = list(task.candidate_chunks("test", chunk_keys=7000))  # 7 rows per chunk
+    assert len(chunks) == 76
+    for whole, parts in zip((pairs, tails, valid), zip(*chunks)):
+        assert np.array_equal(whole, np.concatenate(parts))
+    keys = pairs[:, :1] * sp.num_nodes + tails
+    assert np.array_equal(valid, ~np.isin(keys, sp.all_keys()) & (tails != pairs[:, :1]))
     task.close()
 
 
@@ -79,6 +87,10 @@ def test_ranking_metrics_exact() -> None:
     assert m["hits@1"] == pytest.approx(1 / 3)
     assert m["hits@3"] == pytest.approx(2 / 3)
     assert ranking_metrics(np.empty(0), np.empty((0, 4)))["mrr"] == 0.0
+    # ranks of row chunks give the same metrics
+    ranks = np.concatenate([candidate_ranks(pos[i:i + 2], neg[i:i + 2], valid[i:i + 2]) for i in (0, 2)])
+    assert ranks.tolist() == [1.0, 3.5, 3.0]
+    assert metrics_from_ranks(ranks, ks=(1, 3)) == m
 
 
 def test_decoders() -> None:
