@@ -253,7 +253,7 @@ RESUMABLE_CHANGES = frozenset({
     "epochs", "progress", "checkpoint_every", "output_dir", "threads", "device", "io_threads",
     "io_depth", "io_gap",
     "prefetch", "eval_batch_size", "patience", "eval_every", "eval_mode", "eval_fanouts",
-    "buffer_partitions",
+    "buffer_partitions", "lookahead",
     "topology", "verify"})
 
 

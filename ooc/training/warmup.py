@@ -13,6 +13,7 @@ import torch
 
 from ooc.data.budget import RssMonitor, tune_allocator
 from ooc.data.buffer import _WORD, _gather_local, _gather_slots
+from ooc.data.lookahead import next_uses
 from ooc.features.cache import CachedFeature
 from ooc.kernels.disk_sampling import sample_blocks_lists
 from ooc.kernels.graph import self_loop_counts
@@ -47,6 +48,13 @@ def warm_up_runtime(model: str = "sage", num_layers: int = 2) -> RssMonitor:
     c.gather(np.array([0, 1, 2]))
     for pol in ("clock", "lru"):
         CachedFeature(_TinyRows(), 2, pol).gather(np.array([0, 1, 2]))
+    # --cache-policy belady: the row cache with next uses, and the look-ahead's next-use kernel for
+    # both key widths (its compile memory would otherwise count against the budget on a first run)
+    CachedFeature(_TinyRows(), 2, "belady").gather(np.array([0, 1, 2]), next_use=np.array([1, 5, 2]))
+    for kd in (np.int32, np.int64):
+        ids = np.array([0, 1, 1, 2], dtype=kd)
+        next_uses(ids, np.array([0, 2, 4], dtype=np.int64), np.array([0, 1], dtype=np.int64), 1,
+                  np.full(8, -1, dtype=kd), np.zeros(8, dtype=np.int32), np.empty(2, dtype=np.int64))
     mem = aligned_empty(2 * ALIGN)
     for w, t in _WORD.items():
         _gather_slots(np.array([0]), np.array([0, 1], dtype=np.int64), np.array([0], dtype=np.int64),
