@@ -151,10 +151,26 @@ def save_checkpoint(obj: dict, path: str | os.PathLike, keep_previous: bool = Tr
     fsync_dir(p.parent)
 
 
+def _check_zip_crc(p: Path, unreadable: str, corrupt: str) -> None:
+    """Check the CRC-32 of every member of ``p`` (torch's zip format).
+
+    Raises:
+        CheckpointError: ``"{p}: {unreadable} (why)"`` when it is not a readable zip,
+            ``"{p}: {corrupt} (member M fails its CRC)"`` when a member's data is damaged.
+    """
+    import zipfile
+    try:
+        with zipfile.ZipFile(p) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, OSError) as e:
+        raise CheckpointError(f"{p}: {unreadable} ({e})") from None
+    if bad is not None:
+        raise CheckpointError(f"{p}: {corrupt} (member {bad} fails its CRC)")
+
+
 def _load_one(p: Path, map_location: Any) -> dict:
     """Load and check one checkpoint file (see :func:`load_checkpoint`)."""
     import pickle
-    import zipfile
     try:
         size = p.stat().st_size
     except FileNotFoundError:
@@ -176,13 +192,7 @@ def _load_one(p: Path, map_location: Any) -> dict:
         raise CheckpointError(f"{p}: not an ooc checkpoint (format {CHECKPOINT_FORMAT})")
     want = obj.get(DIGEST_KEY)
     if want is None:  # written before checksums: the zip's CRC-32 of every member, at least
-        try:
-            with zipfile.ZipFile(p) as z:
-                bad = z.testzip()
-        except (zipfile.BadZipFile, OSError) as e:
-            raise CheckpointError(f"{p}: corrupt checkpoint ({e})") from None
-        if bad is not None:
-            raise CheckpointError(f"{p}: corrupt checkpoint (member {bad} fails its CRC)")
+        _check_zip_crc(p, "corrupt checkpoint", "corrupt checkpoint")
     elif content_digest(obj) != want:
         raise CheckpointError(f"{p}: corrupt checkpoint: its content does not match its checksum "
                               f"({DIGEST_KEY})")
@@ -227,19 +237,12 @@ def check_weights_file(path: str | os.PathLike) -> None:
         FileNotFoundError: no such file.
         CheckpointError: empty, truncated, corrupt, crafted or not a state_dict (the file named).
     """
-    import zipfile
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such weights file")
     if p.stat().st_size == 0:
         raise CheckpointError(f"{p}: weights file is empty (0 bytes)")
-    try:
-        with zipfile.ZipFile(p) as z:
-            bad = z.testzip()
-    except (zipfile.BadZipFile, OSError) as e:
-        raise CheckpointError(f"{p}: not a readable weights file: truncated or corrupt ({e})") from None
-    if bad is not None:
-        raise CheckpointError(f"{p}: corrupt weights file (member {bad} fails its CRC)")
+    _check_zip_crc(p, "not a readable weights file: truncated or corrupt", "corrupt weights file")
     try:
         obj = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001
