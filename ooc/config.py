@@ -96,9 +96,11 @@ class TrainConfig:
     prefetch: int = _opt(2, "data", "batches built ahead (0 = synchronous)")
     feat_norm: str = _opt("none", "data", "row: divide feature rows by their sum (Kipf & Welling)",
                           choices=("none", "row"))
-    topology: str = _opt("memory", "data", "memory: load the CSC topology; mmap: map it; disk: keep only "
-                         "indptr in memory and read neighbour lists with page-aligned reads",
-                         choices=("memory", "mmap", "disk"))
+    topology: str = _opt("auto", "data", "memory: load the CSC topology; mmap: map it; disk: keep only "
+                         "indptr in memory and read neighbour lists with page-aligned reads; auto: "
+                         "memory without --memory-budget, else memory or disk, whichever the "
+                         "automatic budget split predicts reads less (printed with the plan)",
+                         choices=("auto", "memory", "mmap", "disk"))
     # out-of-core data path (see ooc.data.path)
     mode: str = _opt("exact", "data", "exact: full-graph sampling, misses via cache + batched reads; "
                      "buffer: sample inside resident partitions (MariusGNN); hybrid: seeds from resident "
@@ -115,7 +117,9 @@ class TrainConfig:
                               "outermost hop that are not resident: disk (exact rows, batched reads) "
                               "or pq (decoded from the product-quantisation codes of `ooc compress`, "
                               "kept in memory within the budget; seeds, inner hops and evaluation "
-                              "stay exact)", choices=("disk", "pq"))
+                              "stay exact); auto: pq where the codes exist and the automatic budget "
+                              "split predicts fewer reads with them (it changes the rows the model "
+                              "sees, hence never the default)", choices=("disk", "pq", "auto"))
     cache_policy: str = _opt("sieve", "data", "CPU feature cache policy for rows outside the buffer; "
                              "belady (exact mode): Belady's MIN over batches sampled --lookahead "
                              "ahead", choices=("sieve", "clock", "lru", "belady", "none"))
@@ -428,18 +432,22 @@ def validate_data_options(cfg: "TrainConfig") -> None:
     for opt in ("memory_budget", "cache_size", "device_cache"):
         if getattr(cfg, opt):
             parse_bytes(getattr(cfg, opt))
-    if cfg.topology not in ("memory", "mmap", "disk"):
-        raise ValueError(f"topology must be memory, mmap or disk, got {cfg.topology!r}")
-    if cfg.miss_features not in ("disk", "pq"):
-        raise ValueError(f"miss_features must be disk or pq, got {cfg.miss_features!r}")
-    if cfg.miss_features == "pq" and cfg.mode != "hybrid":
-        raise ValueError(f"--miss-features pq applies to --mode hybrid only (got --mode {cfg.mode}: "
-                         "exact reads exact rows, buffer has no misses)")
+    if cfg.topology not in ("auto", "memory", "mmap", "disk"):
+        raise ValueError(f"topology must be auto, memory, mmap or disk, got {cfg.topology!r}")
+    if cfg.miss_features not in ("disk", "pq", "auto"):
+        raise ValueError(f"miss_features must be disk, pq or auto, got {cfg.miss_features!r}")
+    if cfg.miss_features in ("pq", "auto") and cfg.mode != "hybrid":
+        raise ValueError(f"--miss-features {cfg.miss_features} applies to --mode hybrid only (got "
+                         f"--mode {cfg.mode}: exact reads exact rows, buffer has no misses)")
+    if cfg.miss_features == "auto" and not cfg.memory_budget:
+        raise ValueError("--miss-features auto chooses by the budget split: give --memory-budget "
+                         "(or choose --miss-features disk or pq)")
     if cfg.task == "link" and cfg.topology == "disk":
         raise ValueError("--task link with --topology disk: the edge split needs every edge and the "
                          "message-passing graph of the training edges is built in memory; use "
                          "--topology memory or mmap")
-    check_sampler(cfg.sampler, cfg.mode, cfg.topology, cfg.task)
+    check_sampler(cfg.sampler, cfg.mode, "memory" if cfg.topology == "auto" else cfg.topology,
+                  cfg.task)
 
 
 #: Most YAML aliases (``*name``) a configuration may use: a few are handy, thousands are an alias

@@ -104,7 +104,7 @@ def memory(ds: str, out: str) -> None:
 
 
 
-def modes_and_tasks(ds: str, out: str, node_budget: int, link_budget: int) -> None:
+def modes_and_tasks(ds: str, out: str, budgets: dict) -> None:
     """{exact, buffer, hybrid} x {node, link} on two ranks under one machine budget: each rank
     writes, per combination, the step counts of all ranks, the seeds (edges) its plan trains in
     epoch 0, the machine's data memory peak and the buffer's facts."""
@@ -117,7 +117,7 @@ def modes_and_tasks(ds: str, out: str, node_budget: int, link_budget: int) -> No
     try:
         for task in ("node", "link"):
             for mode in ("exact", "buffer", "hybrid"):
-                budget = node_budget if task == "node" else link_budget
+                budget = budgets[f"{task}-{mode}"]
                 kw = dict(task=task, mode=mode, memory_budget=str(budget), fanouts=[5, 5], hidden=16,
                           batch_size=32 if task == "node" else 256, eval_batch_size=256,
                           partitions=8, eval_candidates=100, buffer_partitions=2)

@@ -359,9 +359,20 @@ def _print_summary(m: dict) -> None:
         "no budget"
     lowered = f", prefetch lowered to {b['prefetch']} to fit" if b.get("budget") and \
         b.get("prefetch", 0) < m["config"].get("prefetch", 0) else ""
-    print(f"data path     mode {m['mode']}, {budget}{lowered}; {b['slots']} partition slots of "
+    topo = f", topology {m['topology']}" if m.get("topology") else ""
+    print(f"data path     mode {m['mode']}{topo}, {budget}{lowered}; {b['slots']} partition slots of "
           f"{b['num_parts']} ({b['state_slots']} resident per state), swaps {m['swaps']}, cache "
           f"{_human(m['cache_bytes'])}, runtime overhead {_human(m['rss_baseline_bytes'])}")
+    split = m.get("split")
+    if split:
+        per_epoch = [h["bytes_read"] for h in hist if "bytes_read" in h]
+        real = (f"; measured {_human(int(sum(per_epoch) / len(per_epoch)))} per epoch (training and "
+                "evaluation)") if per_epoch else ""
+        print(f"budget split  chose topology {split['topology']}"
+              + (", PQ codes" if split["pq"] else "") + f", {split['slots']} partition slots, cache "
+              f"{_human(split['cache_bytes'])} of {len(split['candidates'])} splits; predicted "
+              f"training read {_human(split['predicted_bytes'])} per epoch in "
+              f"{split['predicted_requests']:,} requests{real}")
     if m.get("miss_features") == "pq":
         print(f"pq            {approx:,} outer-hop rows decoded from PQ codes instead of "
               f"read ({_human(b.get('compressed', 0))} of codes in the budget)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import psutil
@@ -18,6 +19,9 @@ from ooc.features.cache import LOOKAHEAD_POLICIES, CachedFeature
 from ooc.kernels.sampling import workspace_bytes
 from ooc.storage.dataset import Dataset
 from ooc.util.sizes import format_bytes
+
+if TYPE_CHECKING:
+    from ooc.data.autoplan import Extents
 
 __all__ = ["BudgetPlan", "plan_budget", "RssMonitor", "mmap_threshold_for", "release_free_memory",
            "tune_allocator"]
@@ -217,21 +221,31 @@ class BudgetPlan:
 def _staging_bytes(n: int, avg_deg: float, row_bytes: int, feat_dim: int, batch_size: int,
                    fanouts: list[int], prefetch: int, hidden: int, eval_batch_size: int = 0,
                    eval_fanouts: list[int] | None = None, float_copy: bool = True,
-                   embedding_dim: int = 0) -> int:
+                   embedding_dim: int = 0, extents: "Extents | None" = None) -> int:
     """Bytes of batches in flight: ``prefetch + 2`` training batches (queued, being built, being
-    trained) holding their rows in the storage dtype, plus the float32 copy (``float_copy``: rows
+    trained; one with ``prefetch`` 0, built when the previous one is released) holding their rows in the storage dtype, plus the float32 copy (``float_copy``: rows
     not stored as float32) and activations of the one being trained (with node embeddings of
     width ``embedding_dim``: the gathered rows and the concatenated input, 8 B per column); or the
-    same for two evaluation batches (``eval_fanouts``; ``None``: full neighbourhoods), whichever
-    is larger."""
-    def need(bs: int, fo: list[int], alive: int) -> int:
-        rows, edges = _batch_extent(n, avg_deg, bs, fo)
+    same for three evaluation batches (queued, being built, being scored; one with ``prefetch`` 0;
+    ``eval_fanouts``; ``None``: full neighbourhoods), whichever is larger.  ``extents`` (:func:`ooc.data.autoplan.probe_extents`): measured batch sizes instead
+    of the no-deduplication bound."""
+    def need(bs: int, fo: list[int], alive: int, train: bool) -> int:
+        if bs <= 0:
+            rows, edges = 0, 0
+        elif extents is not None:
+            rows, edges = ((extents.train_rows, extents.train_edges) if train
+                           else (extents.eval_rows, extents.eval_edges))
+        else:
+            rows, edges = _batch_extent(n, avg_deg, bs, fo)
         queued = rows * (row_bytes + 24) + edges * 40  # rows, ids / labels, MFG arrays
         return alive * queued + rows * ((4 * feat_dim if float_copy else 0) + 8 * embedding_dim
                                         + 4 * hidden)
 
-    train = need(batch_size, fanouts, max(prefetch, 0) + 2)
-    ev = need(eval_batch_size, list(eval_fanouts) if eval_fanouts else [-1] * len(fanouts), 2)
+    # queued + being built + being trained; synchronous (prefetch 0): the one being trained only
+    train = need(batch_size, fanouts, prefetch + 2 if prefetch > 0 else 1, True)
+    # evaluation builds one batch ahead (none when training builds none ahead)
+    ev = need(eval_batch_size, list(eval_fanouts) if eval_fanouts else [-1] * len(fanouts),
+              3 if prefetch > 0 else 1, False)
     return int(max(train, ev))
 
 
@@ -254,7 +268,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                 local_world: int = 1, share: bool = True, per_rank_extra: int = 0,
                 topology_edges: int | None = None, min_state: int = 1,
                 float_copy: bool | None = None, embedding: int = 0,
-                embedding_dim: int = 0, lookahead: int = 0, loop_counts: bool = True) -> BudgetPlan:
+                embedding_dim: int = 0, lookahead: int = 0, loop_counts: bool = True,
+                extents: "Extents | None" = None) -> BudgetPlan:
     """Split one machine's ``budget`` between topology, node arrays, batches in flight, sampler
     scratch, compressed rows (``compressed`` bytes of PQ codes, see :mod:`ooc.features.pq`),
     partition slots and the CPU row cache.
@@ -279,6 +294,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
             charged per rank (:func:`ooc.data.lookahead.lookahead_bytes`); 0 = none.
         loop_counts: the model reads each node's self-loop count (int32 [N] in memory,
             :func:`ooc.models.needs_loop_counts`).
+        extents: probed batch sizes (:func:`ooc.data.autoplan.probe_extents`) for the batches in
+            flight; None: the no-deduplication bound (at most the graph).
 
     Raises:
         ValueError: the budget cannot hold the fixed parts plus the minimum the mode needs (one
@@ -322,7 +339,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
 
     def staging(d: int) -> int:
         return _staging_bytes(n, e / max(n, 1), row_bytes, ds.feat_dim, batch_size, fanouts, d,
-                              hidden, eval_batch_size, eval_fanouts, float_copy, embedding_dim)
+                              hidden, eval_batch_size, eval_fanouts, float_copy, embedding_dim,
+                              extents)
 
     def slots_cost(k: int) -> int:
         return k * (slot if share else slot * lw) + lw * k * slot_private
@@ -342,9 +360,9 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
         avail = budget - fixed - lw * stage
         if avail < slots_cost(need_slots):
             tr = _staging_bytes(n, e / max(n, 1), row_bytes, ds.feat_dim, batch_size, fanouts, depth,
-                                hidden, 0, None, float_copy)
+                                hidden, 0, None, float_copy, embedding_dim, extents)
             ev = _staging_bytes(n, e / max(n, 1), row_bytes, ds.feat_dim, 0, fanouts, depth, hidden,
-                                eval_batch_size, eval_fanouts, float_copy)
+                                eval_batch_size, eval_fanouts, float_copy, embedding_dim, extents)
             which = (f" (the larger of training batches {format_bytes(tr)}: --batch-size, --fanout, "
                      f"--prefetch; and evaluation batches {format_bytes(ev)}: --eval-batch-size, "
                      "--eval-fanout; a batch's neighbourhood is at most the whole graph)")
@@ -375,7 +393,7 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
         else:
             cache = 0
             if mode == "hybrid" and cache_policy != "none":
-                cache = min(cache_size, avail - per_slot) if cache_size else 0
+                cache = min(cache_size, avail - slots_cost(max(need_slots, 1))) if cache_size else 0
             slots = min(num_parts + max(1, num_parts // 3), (avail - cache) // per_slot)
             if slots >= num_parts:
                 slots = num_parts

@@ -81,6 +81,7 @@ class Loader:
             for b in it:
                 self.position = (epoch, b.index + 1)
                 yield b
+                del b  # not held while the next one is built
 
     def _add_stall(self, seconds: float) -> None:
         self.stall_s += seconds

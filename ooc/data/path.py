@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 import torch
 
 from ooc.contracts import Batch, EdgePairs, Graph, Job, Plan, SingleProcess
+from ooc.data.autoplan import Extents, SplitChoice, choose_split, probe_extents
 from ooc.data.budget import (BudgetPlan, RssMonitor, mmap_threshold_for, plan_budget,
                              release_free_memory, tune_allocator)
 from ooc.data.buffer import BufferManager, make_buffer
@@ -54,7 +56,8 @@ from ooc.kernels.partition import contiguous_partitions
 from ooc.kernels.rng import batch_key
 from ooc.kernels.sampling import MiniBatch, excluded_edge_keys
 from ooc.models import needs_loop_counts, to_torch_blocks
-from ooc.sampling.samplers import NeighborSampler, Sampler, make_sampler, partition_clusters
+from ooc.sampling.samplers import (NeighborSampler, Sampler, check_sampler, make_sampler,
+                                  partition_clusters)
 from ooc.storage.dataset import Dataset
 from ooc.storage.io import DiskRows, NeighborReader
 from ooc.util.sizes import format_bytes, parse_bytes
@@ -64,7 +67,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ooc.features.device import DeviceFeatureCache
     from ooc.features.pq import CompressedRows
 
-__all__ = ["DataPath", "build_data_path", "plan_machine", "partition_offsets"]
+__all__ = ["DataPath", "MachinePlan", "build_data_path", "plan_machine", "partition_offsets"]
 
 log = logging.getLogger("ooc.data")
 
@@ -122,6 +125,8 @@ class DataPath:
         if self.resident is not None:
             self.loader.on_state = self.resident.build
         self.shared_bytes = 0  # shared-memory segments of this machine (set by build_data_path)
+        self.topology = cfg.topology  # resolved by build_data_path (--topology auto)
+        self.split: SplitChoice | None = None
         self.lookahead: Lookahead | None = None
         if self.cache is not None and self.cache.lookahead:  # --cache-policy belady (exact mode)
             self.lookahead = Lookahead(self._sample_step, self.cache, cfg.lookahead, graph.num_nodes)
@@ -473,7 +478,8 @@ class DataPath:
                 "miss_features": "pq" if self.pq is not None else "disk",
                 "hybrid_mix": self.cfg.hybrid_mix if self.cfg.mode == "hybrid" else 0.0,
                 "shared_buffer": b.shared, "buffer_role": b.role,
-                "prefetch": self.budget.prefetch}
+                "prefetch": self.budget.prefetch, "topology": self.topology,
+                "split": self.split.as_dict() if self.split is not None else None}
 
     def close(self) -> None:
         self.buffer.close()
@@ -484,11 +490,11 @@ class DataPath:
             self.buffer.topo_rows.close()
 
 
-def _topology(cfg: "TrainConfig", ds: Dataset, job: Job,
+def _topology(where: str, direct_io: bool, model: str, ds: Dataset, job: Job,
               override: tuple[np.ndarray, np.ndarray] | None) -> tuple[Graph, list]:
     """The message-passing graph: ``override`` (link prediction's training graph) or the
-    dataset's topology in memory (one copy per machine), mapped, or on disk (indptr in memory,
-    lists read page-aligned)."""
+    dataset's topology in memory (``where`` = ``memory``: one copy per machine), mapped
+    (``mmap``), or on disk (``disk``: indptr in memory, lists read page-aligned)."""
     readers: list = []
     if override is not None:
         ip, ix = override
@@ -499,20 +505,20 @@ def _topology(cfg: "TrainConfig", ds: Dataset, job: Job,
         indptr = shared_array(job, "indptr", tuple(rip.shape), rip.dtype,
                               lambda o: rip.read(0, rip.shape[0], o))
         indices = None
-        if cfg.topology == "memory":
+        if where == "memory":
             rix = ds.raw("indices")
             indices = shared_array(job, "indices", tuple(rix.shape), rix.dtype,
                                    lambda o: rix.read(0, rix.shape[0], o))
-        elif cfg.topology == "mmap":
+        elif where == "mmap":
             indices = ds.raw("indices").mmap()
     reader = None
     if indices is None:
-        reader = NeighborReader(ds.raw("indices"), indptr, direct=cfg.direct_io)
+        reader = NeighborReader(ds.raw("indices"), indptr, direct=direct_io)
         readers.append(reader)
     degrees = shared_array(job, "degrees", (indptr.shape[0] - 1,), np.int64,
                            lambda o: np.subtract(indptr[1:], indptr[:-1], out=o))
     loops = None
-    if needs_loop_counts(cfg.model):
+    if needs_loop_counts(model):
         loops = shared_array(job, "loops", (indptr.shape[0] - 1,), np.int32,
                              lambda o: _loop_counts(indptr, indices, ds, o))
     return Graph(indptr, indices, degrees, reader, loops), readers
@@ -556,13 +562,53 @@ def _check_featureless(cfg: "TrainConfig", ds: Dataset) -> None:
                              "(its input is the --embedding table)")
 
 
+@dataclass
+class MachinePlan:
+    """What :func:`plan_machine` decided for one machine.
+
+    Attributes:
+        plan: the :class:`BudgetPlan`.
+        pq_bytes: bytes of the PQ codes it holds (0: misses read from disk).
+        replan: the plan of the same split without PQ codes (everything resident: nothing to
+            decode).
+        topology: ``memory``, ``mmap`` or ``disk`` (``--topology auto`` resolved).
+        split: the automatic split's choice and its predicted reads, or None when the
+            configuration left nothing to choose.
+        extents: the batch extents the batches in flight were sized with (None: no budget).
+    """
+
+    plan: BudgetPlan
+    pq_bytes: int
+    replan: Callable[[], BudgetPlan]
+    topology: str
+    split: SplitChoice | None = None
+    extents: Extents | None = None
+
+
+def _disk_topology_allowed(cfg: "TrainConfig", task: str, topology_edges: int | None) -> bool:
+    """Whether ``--topology auto`` may keep the lists on disk for this run."""
+    if task == "link" or topology_edges is not None:
+        return False
+    try:
+        check_sampler(cfg.sampler, cfg.mode, "disk", task)
+    except ValueError:
+        return False
+    return True
+
+
 def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_world: int = 1,
                  device_type: str = "cpu", task: str = "node", topology_edges: int | None = None,
-                 task_bytes: int | None = None) -> tuple[BudgetPlan, int, Callable[[], BudgetPlan]]:
+                 task_bytes: int | None = None) -> MachinePlan:
     """The budget plan of one machine running ``local_world`` ranks of ``cfg`` on ``device_type``
-    devices: ``(plan, PQ bytes it holds, a function giving the plan without PQ codes)``.  The
-    launcher of a data-parallel job calls it before starting any process (a budget too small is
-    refused there, with its reason).
+    devices.  The launcher of a data-parallel job calls it before starting any process (a budget
+    too small is refused there, with its reason); every rank calls it again (the probe is keyed by
+    the seed, so all of them choose the same split).
+
+    Under a budget, the batches in flight are sized by a probe of a few batches
+    (:func:`ooc.data.autoplan.probe_extents`), and whatever the configuration leaves open --
+    ``--topology auto`` (memory or disk), ``--miss-features auto`` and, in hybrid mode without
+    ``--cache-size``, the row cache's share -- is chosen by
+    :func:`ooc.data.autoplan.choose_split`.  Without a budget ``auto`` is ``memory``.
 
     ``task_bytes``: host memory of the task's own arrays per rank (link prediction's split; default
     for ``link``: 16 B per stored edge, a graph stored in both directions).
@@ -576,10 +622,10 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
     budget_bytes = parse_bytes(cfg.memory_budget) if cfg.memory_budget else None
     cache_size = parse_bytes(cfg.cache_size) if cfg.cache_size else None
     pq_need = 0
-    if cfg.miss_features == "pq":
+    if cfg.miss_features in ("pq", "auto"):
         from ooc.features.pq import open_compressed, pq_bytes
         pq_need = pq_bytes(ds)
-        if not pq_need:
+        if not pq_need and cfg.miss_features == "pq":
             open_compressed(ds)  # raises the "run ooc compress" error
     # a device cache kept in host memory (CPU runs) is host memory of every rank
     host_cache = parse_bytes(cfg.device_cache) if cfg.device_cache and device_type == "cpu" else 0
@@ -592,17 +638,43 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
                  ds.num_nodes, cfg.embedding, device_type,
                  format_bytes(embedding_bytes(ds.num_nodes, cfg.embedding, cfg.optimizer)),
                  cfg.optimizer)
+    extents = probe_extents(cfg, ds) if budget_bytes is not None else None
     kw: dict[str, Any] = dict(local_world=local_world, share=cfg.shared_buffer,
                               per_rank_extra=host_cache + int(task_bytes),
                               min_state=2 if task == "link" else 1,
                               embedding=emb, embedding_dim=cfg.embedding,
                               topology_edges=topology_edges, lookahead=cfg.lookahead,
-                              loop_counts=needs_loop_counts(cfg.model))
-    args = (cfg.mode, budget_bytes, ds, offsets, cfg.topology, cfg.batch_size, cfg.fanouts,
-            cfg.prefetch, cfg.hidden, cfg.buffer_partitions, cache_size, cfg.cache_policy,
-            cfg.ordering, cfg.eval_batch_size, cfg.eval_fanouts)
-    return (plan_budget(*args, compressed=pq_need, **kw), pq_need,
-            lambda: plan_budget(*args, **kw))
+                              loop_counts=needs_loop_counts(cfg.model), extents=extents)
+
+    def plan_with(topology: str, pq: bool, cache: int | None) -> BudgetPlan:
+        return plan_budget(cfg.mode, budget_bytes, ds, offsets, topology, cfg.batch_size,
+                           cfg.fanouts, cfg.prefetch, cfg.hidden, cfg.buffer_partitions,
+                           cache if cache is not None else cache_size, cfg.cache_policy,
+                           cfg.ordering, cfg.eval_batch_size, cfg.eval_fanouts,
+                           compressed=pq_need if pq else 0, **kw)
+
+    if cfg.topology != "auto":
+        topologies = [cfg.topology]
+    elif budget_bytes is None or not _disk_topology_allowed(cfg, task, topology_edges):
+        topologies = ["memory"]
+    else:
+        topologies = ["memory", "disk"]
+    pqs = [True] if cfg.miss_features == "pq" else [False, True] if cfg.miss_features == "auto" \
+        and pq_need else [False]
+    fractions: list[float | None] = [None]
+    if (budget_bytes is not None and cfg.mode == "hybrid" and cfg.cache_policy != "none"
+            and cache_size is None and (cfg.topology == "auto" or cfg.miss_features == "auto")
+            and ds.has("features")):
+        fractions = [0.0, 0.25, 0.5]
+    split = None
+    if len(topologies) * len(pqs) * len(fractions) == 1:
+        topology, pq, size = topologies[0], pqs[0], None
+        plan = plan_with(topology, pq, None)
+    else:
+        split = choose_split(cfg, ds, offsets, plan_with, topologies, pqs, fractions)
+        topology, pq, size, plan = split.topology, split.pq, split.cache_size, split.plan
+    return MachinePlan(plan, pq_need if pq else 0, lambda: plan_with(topology, False, size),
+                       topology, split, extents)
 
 
 def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
@@ -633,9 +705,11 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
     if not has_feats:
         _check_featureless(cfg, ds)
     offsets = partition_offsets(cfg, ds)
-    plan, pq_need, replan = plan_machine(cfg, ds, offsets, job.local_world_size, job.device.type,
-                                         task, int(topology[1].shape[0]) if topology is not None
-                                         else None, task_bytes)
+    mp = plan_machine(cfg, ds, offsets, job.local_world_size, job.device.type, task,
+                      int(topology[1].shape[0]) if topology is not None else None, task_bytes)
+    plan, pq_need, replan = mp.plan, mp.pq_bytes, mp.replan
+    if mp.split is not None:
+        log.info("budget split: %s", mp.split.describe())
     approx: "CompressedRows | None" = None
     if pq_need and plan.slots >= plan.num_parts:  # everything resident: nothing to decode
         plan = replan()
@@ -650,7 +724,7 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
     if plan.prefetch < cfg.prefetch:
         log.info("prefetch depth %d -> %d to fit the batches in flight into the budget",
                  cfg.prefetch, plan.prefetch)
-    graph, readers = _topology(cfg, ds, job, topology)
+    graph, readers = _topology(mp.topology, cfg.direct_io, cfg.model, ds, job, topology)
     labels = ds.labels if ds.has("labels") else np.zeros(ds.num_nodes, dtype=np.int32)
     feats: "DiskRows | NoFeatures" = NoFeatures(ds.num_nodes)
     if has_feats:
@@ -693,10 +767,11 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
              format_bytes(plan.budget) if plan.budget else "none",
              f" for {job.local_world_size} local ranks" if job.local_world_size > 1 else "")
     data = DataPath(cfg, ds, job, graph, labels, offsets, plan, buffer, misses, sampler, readers, rss)
+    data.topology, data.split = mp.topology, mp.split
     if job.local_world_size > 1:  # what the machine's ranks hold once
         data.shared_bytes = (buffer.alloc_bytes if buffer.shared else 0) + graph.indptr.nbytes \
             + graph.degrees.nbytes + (graph.loops.nbytes if graph.loops is not None else 0) \
-            + (graph.indices.nbytes if cfg.topology == "memory" or
+            + (graph.indices.nbytes if mp.topology == "memory" or
                                       topology is not None else 0) \
             + (approx.codes.nbytes if approx is not None else 0)
     return data

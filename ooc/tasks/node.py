@@ -103,6 +103,7 @@ def evaluate_nodes(model: nn.Module, data: DataPath, ids: np.ndarray, num_layers
         c, t, p, e = scores(logits, b.y, multilabel)
         s, n = node_loss_sum(logits, b.y, multilabel)
         out += np.array([c, t, p, e, s, n], dtype=np.float64)
+        del b, blocks, x, logits  # not held while the next batch is built
     return out
 
 
@@ -284,7 +285,8 @@ class NodeTask:
             mine = np.array_split(ids, j.world_size)[j.rank] if j.world_size > 1 else ids
             sink = None if self.ogb is None else (lambda lg, out=kept[k]: out.append(self.ogb.compact(lg)))
             counts.append(evaluate_nodes(model, self.data, mine, nl, self.cfg.eval_batch_size, device,
-                                         self.multilabel, fo, prefetch=1, sink=sink))
+                                         self.multilabel, fo, prefetch=min(1, self.data.budget.prefetch),
+                                         sink=sink))
         tot = j.all_reduce_sum(np.concatenate(counts)) if j.world_size > 1 else np.concatenate(counts)
         val, test = tot[:6], tot[6:]
         res = {"val_acc": _score(val, self.multilabel), "val_loss": float(val[4] / max(val[5], 1)),

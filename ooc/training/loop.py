@@ -415,6 +415,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
             acc = st.acc
             with closing(task.batches(plan, epoch, st.step)) as it:
                 while True:
+                    batch = loss = None  # released before the next batch is built
                     t_wait = time.perf_counter()
                     batch = next(it, None)
                     t_got = time.perf_counter()

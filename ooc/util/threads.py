@@ -35,6 +35,7 @@ def prefetch(items: Iterable[T], depth: int = 2,
             if on_wait is not None:
                 on_wait(time.perf_counter() - t)
             yield item
+            del item  # the next item is built while the caller holds none (batches in flight: 1)
     q: queue.Queue = queue.Queue(maxsize=int(depth))
     stop = threading.Event()
 

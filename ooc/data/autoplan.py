@@ -1,0 +1,388 @@
+"""The automatic budget split: which parts of the data stay in memory under one ``--memory-budget``.
+
+Under a budget, the topology (``--topology auto``), the PQ codes of the rows a batch misses
+(``--miss-features auto``) and, in hybrid mode, the share of the budget given to a CPU row cache
+instead of partition slots all compete for the same bytes.  :func:`choose_split` plans every
+combination the configuration leaves open with :func:`ooc.data.budget.plan_budget` (a combination the
+budget cannot hold drops out, with its reason), predicts each one's reads per training epoch from a
+short **probe** — a few batches of the epoch's own plan, sampled with the run's sampler keys over the
+lists read from disk (:func:`ooc.kernels.disk_sampling.sample_blocks_lists`) — and keeps the one
+with the fewest predicted seconds of I/O.  Every choice it makes changes speed only, never results
+(a topology in memory or on disk samples the same batches; a cache or slot count changes where a
+row comes from, not its value), except ``--miss-features auto``, which may choose PQ-decoded rows
+and is therefore never the default.
+
+The same probe sizes the batches in flight (:func:`probe_extents`): the largest probed batch's input
+rows and sampled edges, times :data:`EXTENT_MARGIN`, and never more than the graph, instead of the
+no-deduplication bound ``batch * prod(1 + fanout)`` (which for Cora is the whole graph per batch).
+
+Cost model (per training epoch of the whole job, an estimate, printed with the plan; the run's
+metrics record the real bytes read): rows a batch needs that are neither in its state's partitions
+nor in the row cache are read (one request each, a 4 KiB page at least with O_DIRECT); with PQ only
+the inner hops' misses are read; the cache keeps the highest-degree rows (a node is drawn as an
+in-neighbour about in proportion to its out-degree, equal to its in-degree in graphs stored in both
+directions — PaGraph's and GNNLab's degree-ordered caches rest on the same observation); partition
+loads read each loaded partition once; with the topology on disk every list of every hop but the
+last is one request of at least one page.  Seconds = bytes / :data:`DISK_BYTES_PER_S` + requests x
+:data:`REQUEST_S` (O_DIRECT with 32 requests in flight on this project's development VM).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from ooc.data.budget import BudgetPlan
+from ooc.data.plan import plan_exact, plan_states
+from ooc.kernels.disk_sampling import sample_blocks_lists
+from ooc.kernels.rng import batch_key
+from ooc.storage.dataset import Dataset
+from ooc.storage.io import NeighborReader
+from ooc.util.sizes import format_bytes
+
+if TYPE_CHECKING:
+    from ooc.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ReadCost", "Extents", "SplitChoice", "probe_extents", "choose_split", "EXTENT_MARGIN",
+           "DISK_BYTES_PER_S", "REQUEST_S"]
+
+#: Sustained read bandwidth the cost model assumes (bytes/s).
+DISK_BYTES_PER_S = 1.0e9
+#: Cost of one read request beyond its bytes (s): latency over the requests in flight.
+REQUEST_S = 2.0e-5
+#: Factor on the largest probed batch (input rows, sampled edges) for the batches in flight.
+EXTENT_MARGIN = 1.25
+#: Batches probed per candidate state size, and for the batch extents.
+PROBE_BATCHES = 4
+#: Evaluation batches whose no-deduplication bound exceeds this many rows are not probed (their
+#: full neighbourhoods would take long to read); the bound is used.
+PROBE_EVAL_MAX_ROWS = 4_000_000
+_PAGE = 4096
+
+
+@dataclass(frozen=True)
+class ReadCost:
+    """Predicted reads of one training epoch: ``bytes`` and ``requests`` (floats, estimates)."""
+
+    bytes: float = 0.0
+    requests: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        """``bytes / DISK_BYTES_PER_S + requests * REQUEST_S``."""
+        return self.bytes / DISK_BYTES_PER_S + self.requests * REQUEST_S
+
+    def __add__(self, other: "ReadCost") -> "ReadCost":
+        return ReadCost(self.bytes + other.bytes, self.requests + other.requests)
+
+
+@dataclass(frozen=True)
+class Extents:
+    """Largest batch sizes to plan for: ``(input rows, sampled edges)`` of a training batch and of
+    an evaluation batch (ints), and whether each was probed (else the no-deduplication bound)."""
+
+    train_rows: int
+    train_edges: int
+    eval_rows: int
+    eval_edges: int
+    probed_train: bool = False
+    probed_eval: bool = False
+
+
+@dataclass
+class SplitChoice:
+    """The split :func:`choose_split` kept.
+
+    Attributes:
+        topology: ``memory`` or ``disk`` (or the configured one); pq: PQ-decoded misses.
+        cache_size: bytes of the hybrid row cache asked of :func:`plan_budget` (None: the default).
+        plan: its :class:`BudgetPlan`.
+        predicted: its predicted reads per epoch.
+        candidates: every combination tried: ``(label, ReadCost or None, reason it was refused)``.
+        probe_s: seconds the probe took.
+    """
+
+    topology: str
+    pq: bool
+    cache_size: int | None
+    plan: BudgetPlan
+    predicted: ReadCost
+    candidates: list[tuple[str, ReadCost | None, str]] = field(default_factory=list)
+    probe_s: float = 0.0
+
+    def describe(self) -> str:
+        """One line: what stays in memory and the predicted reads."""
+        p = self.plan
+        parts = [f"topology {self.topology}"]
+        if p.num_parts:
+            parts.append(f"{p.slots} of {p.num_parts} partition slots")
+        if p.cache:
+            parts.append(f"row cache {format_bytes(p.cache)}")
+        if self.pq:
+            parts.append(f"PQ codes {format_bytes(p.compressed)}")
+        return (", ".join(parts) + f"; predicted read per epoch {format_bytes(int(self.predicted.bytes))}"
+                f" in {int(self.predicted.requests):,} requests ({len(self.candidates)} splits "
+                f"compared, probe {self.probe_s:.1f} s)")
+
+    def as_dict(self) -> dict:
+        return {"topology": self.topology, "pq": self.pq, "cache_bytes": self.plan.cache,
+                "slots": self.plan.slots, "predicted_bytes": int(self.predicted.bytes),
+                "predicted_requests": int(self.predicted.requests),
+                "candidates": [{"split": lab, "predicted_bytes": None if c is None else int(c.bytes),
+                                "predicted_requests": None if c is None else int(c.requests),
+                                "refused": why} for lab, c, why in self.candidates]}
+
+
+# ------------------------------------------------------------------------------------------ probe
+class _Probe:
+    """Samples batches over the dataset's on-disk lists (whatever the run's ``--topology``)."""
+
+    def __init__(self, ds: Dataset, indptr: np.ndarray, direct: bool) -> None:
+        self.ds = ds
+        self.n = ds.num_nodes
+        self.reader = NeighborReader(ds.raw("indices"), indptr, direct=direct)
+        self.indptr = indptr
+
+    def sample(self, seeds: np.ndarray, fanouts: list[int], key: int, replace: bool):
+        return sample_blocks_lists(self.reader.read, self.n, seeds, fanouts, np.uint64(key), replace)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def _evenly(k: int, m: int) -> list[int]:
+    """``min(k, m)`` indices spread evenly over ``range(m)``."""
+    if m <= 0:
+        return []
+    return sorted({int(i) for i in np.linspace(0, m - 1, num=min(k, m))})
+
+
+def _extent_bound(n: int, avg_deg: float, batch_size: int, fanouts: list[int]) -> tuple[int, int]:
+    from ooc.data.budget import _batch_extent
+    return _batch_extent(n, avg_deg, batch_size, fanouts)
+
+
+def probe_extents(cfg: "TrainConfig", ds: Dataset, probe: "_Probe | None" = None) -> Extents:
+    """Batch extents for the batches in flight: probed for the node-wise sampler on node
+    classification (training batches of the first epoch's uniform plan, evaluation batches of the
+    validation split), else the no-deduplication bound of :func:`ooc.data.budget._batch_extent`.
+
+    A probed extent is the largest of :data:`PROBE_BATCHES` batches times :data:`EXTENT_MARGIN`,
+    at most the bound (a batch holds at most every node once).  The training probe uses uniform
+    seeds (the widest batches: seeds of a few partitions share neighbours).
+    """
+    n, e = ds.num_nodes, ds.num_edges
+    avg = e / max(n, 1)
+    fo = list(cfg.fanouts)
+    efo = list(cfg.eval_fanouts) if cfg.eval_fanouts else [-1] * len(fo)
+    tb = _extent_bound(n, avg, cfg.batch_size, fo)
+    eb = _extent_bound(n, avg, cfg.eval_batch_size, efo) if cfg.eval_batch_size else (0, 0)
+    if cfg.sampler != "neighbor" or cfg.task != "node" or n == 0:
+        return Extents(*tb, *eb)
+    own = probe is None
+    probe = probe or _Probe(ds, ds.indptr, cfg.direct_io)
+    try:
+        def measure(ids: np.ndarray, bs: int, fanouts: list[int], bound: tuple[int, int],
+                    salt: int) -> tuple[int, int, bool]:
+            if ids.shape[0] == 0 or bs <= 0:
+                return (*bound, False)
+            plan = plan_exact(ids, bs, cfg.seed, 0)
+            rows = edges = 0
+            for i in _evenly(PROBE_BATCHES, len(plan.batches)):
+                sg = probe.sample(plan.batches[i], fanouts, batch_key(cfg.seed, salt, i), cfg.replace)
+                rows = max(rows, int(sg.nodes.shape[0]))
+                edges = max(edges, sum(int(b.indices.shape[0]) for b in sg.blocks))
+            return (min(bound[0], int(rows * EXTENT_MARGIN) + 1),
+                    min(bound[1], int(edges * EXTENT_MARGIN) + 1), True)
+
+        tr, te, pt = measure(ds.split("train"), cfg.batch_size, fo, tb, 0)
+        if eb[0] <= PROBE_EVAL_MAX_ROWS:
+            ev_ids = ds.split("valid")
+            if ev_ids.shape[0] == 0:
+                ev_ids = ds.split("test")
+            er, ee, pe = measure(ev_ids, cfg.eval_batch_size, efo, eb, 1)
+        else:
+            er, ee, pe = (*eb, False)
+        return Extents(tr, te, er, ee, pt, pe)
+    finally:
+        if own:
+            probe.close()
+
+
+@dataclass
+class _StateStats:
+    """Probed batches of a plan with a given state size: per batch its input rows, the rows in the
+    state's partitions, the not-resident rows reached only by the last hop, lists fetched and the
+    pages they span; ``miss_ids`` the ids of every not-resident row (for the cache estimate)."""
+
+    rows: np.ndarray
+    resident: np.ndarray
+    outer_miss: np.ndarray
+    lists: np.ndarray
+    list_pages: np.ndarray
+    miss_ids: np.ndarray
+    loads_per_epoch: int
+
+
+def _probe_states(cfg: "TrainConfig", ds: Dataset, probe: _Probe, offsets: np.ndarray,
+                  state_slots: int, group: int) -> _StateStats:
+    ids = ds.split("train")
+    num_parts = offsets.shape[0] - 1
+    part_of = np.searchsorted(offsets, ids, side="right") - 1
+    if cfg.mode == "exact" or state_slots >= num_parts:
+        plan = plan_exact(ids, cfg.batch_size, cfg.seed, 0)
+        states: list[list[int]] = [list(range(num_parts))] if state_slots >= num_parts else [[]]
+        batch_state = [0] * len(plan.batches)
+    else:
+        plan = plan_states(ids, part_of, num_parts, state_slots, cfg.batch_size, cfg.seed, 0,
+                           cfg.ordering, group, None,
+                           mix=cfg.hybrid_mix if cfg.mode == "hybrid" else 0.0)
+        states, batch_state = plan.states, plan.batch_state
+    loads = sum(len(set(s) - set(states[i - 1] if i else [])) for i, s in enumerate(states))
+    itemsize = ds.raw("indices").dtype.itemsize
+    ip = probe.indptr
+    out: dict[str, list] = {k: [] for k in ("rows", "resident", "outer", "lists", "pages", "miss")}
+    for i in _evenly(PROBE_BATCHES, len(plan.batches)):
+        sg = probe.sample(plan.batches[i], list(cfg.fanouts), batch_key(cfg.seed, 0, i), cfg.replace)
+        nodes = sg.nodes
+        inner = sg.blocks[0].num_dst if sg.blocks else nodes.shape[0]  # nodes of every hop but the last
+        resident = np.zeros(num_parts, dtype=bool)
+        st = states[batch_state[i]] if batch_state[i] >= 0 else []
+        resident[list(st)] = True
+        res = resident[np.searchsorted(offsets, nodes, side="right") - 1]
+        out["rows"].append(nodes.shape[0])
+        out["resident"].append(int(res.sum()))
+        out["outer"].append(int((~res[inner:]).sum()))
+        lists = nodes[:inner]
+        nbytes = (ip[lists + 1] - ip[lists]) * itemsize
+        out["lists"].append(inner)
+        out["pages"].append(int(np.maximum(1, -(-nbytes // _PAGE)).sum()))
+        out["miss"].append(nodes[~res])
+    arr = {k: np.asarray(v, dtype=np.int64) for k, v in out.items() if k != "miss"}
+    miss = np.concatenate(out["miss"]) if out["miss"] else np.empty(0, dtype=np.int64)
+    return _StateStats(arr["rows"], arr["resident"], arr["outer"], arr["lists"], arr["pages"], miss,
+                       int(loads))
+
+
+def _cache_hit(miss_ids: np.ndarray, degrees: np.ndarray, cache_rows: int) -> float:
+    """Fraction of ``miss_ids`` among the ``cache_rows`` highest-degree nodes."""
+    n = degrees.shape[0]
+    if cache_rows <= 0 or miss_ids.shape[0] == 0:
+        return 0.0
+    if cache_rows >= n:
+        return 1.0
+    thr = np.partition(degrees, n - cache_rows)[n - cache_rows]
+    d = degrees[miss_ids]
+    above = float((d > thr).mean())
+    at = float((d == thr).mean())
+    # of the nodes with degree == thr, the cache holds the share left after those above it
+    n_above = int((degrees > thr).sum())
+    n_at = max(int((degrees == thr).sum()), 1)
+    return above + at * min(1.0, (cache_rows - n_above) / n_at)
+
+
+def _epoch_cost(cfg: "TrainConfig", ds: Dataset, st: _StateStats, plan: BudgetPlan, topology: str, pq: bool, degrees: np.ndarray) -> ReadCost:
+    """Predicted reads of one training epoch (see the module docstring)."""
+    num_batches = -(-ds.split("train").shape[0] // max(cfg.batch_size, 1))
+    probed = max(st.rows.shape[0], 1)
+    row_bytes = ds.features.row_bytes if ds.has("features") else 0
+    cost = ReadCost()
+    if row_bytes:
+        misses = (st.rows - st.resident).sum() / probed * num_batches
+        read_misses = misses - (st.outer_miss.sum() / probed * num_batches if pq else 0.0)
+        hit = _cache_hit(st.miss_ids, degrees, plan.cache_rows)
+        reads = read_misses * (1.0 - hit)
+        per = max(row_bytes, _PAGE) if cfg.direct_io else row_bytes
+        cost += ReadCost(reads * per, reads)
+        if plan.slots:
+            part_bytes = float(ds.num_nodes) / max(plan.num_parts, 1) * row_bytes
+            loads = st.loads_per_epoch if plan.slots < plan.num_parts else \
+                plan.num_parts / max(cfg.epochs, 1)
+            cost += ReadCost(loads * part_bytes, loads * max(1.0, part_bytes / (1 << 20)))
+    if topology == "disk":
+        cost += ReadCost(st.list_pages.sum() / probed * num_batches * _PAGE,
+                         st.lists.sum() / probed * num_batches)
+    return cost
+
+
+def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
+                 plan_with: Callable[[str, bool, int | None], BudgetPlan],
+                 topologies: list[str], pqs: list[bool], cache_fractions: list[float | None],
+                 pq_bytes: int = 0) -> SplitChoice:
+    """Plan every ``topology x pq x cache fraction`` with ``plan_with(topology, pq, cache_size)``
+    and keep the one with the fewest predicted I/O seconds per epoch.
+
+    Args:
+        cfg: the run's configuration (mode, batch size, fanouts, seed, sampler keys).
+        offsets: int64 [P+1] the run's partitions.
+        plan_with: builds the :class:`BudgetPlan` of one combination (raises ValueError when the
+            budget cannot hold it).
+        topologies: ``memory`` / ``disk`` / ``mmap`` candidates, in order of preference on ties.
+        pqs: PQ candidates; cache_fractions: hybrid row-cache shares of what the slots would take
+            (``None``: plan_budget's default).
+        pq_bytes: bytes of the PQ codes (for the description).
+
+    Returns:
+        The kept :class:`SplitChoice`.
+
+    Raises:
+        ValueError: no combination fits the budget (the last one's reason, which is the smallest
+            footprint tried).
+    """
+    t0 = time.perf_counter()
+    indptr = ds.indptr
+    degrees = np.diff(indptr)
+    probe = _Probe(ds, indptr, cfg.direct_io)
+    stats: dict[tuple[int, int], _StateStats] = {}
+    best: SplitChoice | None = None
+    tried: list[tuple[str, ReadCost | None, str]] = []
+    last_err: ValueError | None = None
+    try:
+        for topo in topologies:
+            for pq in pqs:
+                base: BudgetPlan | None = None
+                for frac in cache_fractions:
+                    label = f"topology {topo}" + (", pq" if pq else "") + \
+                        (f", cache {frac:.0%}" if frac is not None else "")
+                    try:
+                        size = None
+                        if frac is not None and frac > 0:
+                            if base is None:
+                                base = plan_with(topo, pq, None)
+                            size = int(frac * base.slots * base.slot)
+                            if size <= 0:
+                                continue
+                        plan = plan_with(topo, pq, size)
+                        if frac is not None and frac == 0:
+                            base = plan
+                    except ValueError as err:
+                        tried.append((label, None, str(err)))
+                        last_err = err
+                        continue
+                    key = (plan.state_slots if plan.slots < plan.num_parts else plan.num_parts,
+                           plan.group)
+                    if cfg.mode == "exact":
+                        key = (plan.num_parts if plan.slots >= plan.num_parts else 0, 1)
+                    if key not in stats:
+                        stats[key] = _probe_states(cfg, ds, probe, offsets, key[0], key[1])
+                    cost = _epoch_cost(cfg, ds, stats[key], plan, topo, pq, degrees)
+                    tried.append((label, cost, ""))
+                    if best is None or cost.seconds < best.predicted.seconds * (1 - 1e-9):
+                        best = SplitChoice(topo, pq, size, plan, cost)
+    finally:
+        probe.close()
+    if best is None:
+        assert last_err is not None
+        raise last_err
+    best.candidates = tried
+    best.probe_s = time.perf_counter() - t0
+    for lab, c, why in tried:
+        log.debug("split %s: %s", lab, why or f"{format_bytes(int(c.bytes))}, {int(c.requests):,} "
+                  f"requests, {c.seconds:.2f} s")
+    return best

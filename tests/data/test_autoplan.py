@@ -1,0 +1,174 @@
+"""The automatic budget split (ooc.data.autoplan): probed batch extents, the cache estimate, and the
+planner's choices on small graphs whose best split is known."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import small_dataset
+from ooc.storage.dataset import Dataset
+
+from ooc.config import TrainConfig
+from ooc.data.autoplan import EXTENT_MARGIN, ReadCost, _cache_hit, probe_extents
+from ooc.data.path import partition_offsets, plan_machine
+from ooc.training.loop import train
+
+
+def _cfg(ds: Path, **kw: object) -> TrainConfig:
+    base = dict(dataset=str(ds), output_dir="/nonexistent", model="sage", fanouts=[5, 5],
+                batch_size=64, epochs=1, seed=3, partitions=8, progress=False, hidden=16,
+                eval_batch_size=256)
+    base.update(kw)
+    cfg = TrainConfig(**base)
+    cfg.validate()
+    return cfg
+
+
+def _plan(ds_path: Path, **kw: object):
+    cfg = _cfg(ds_path, **kw)
+    ds = Dataset(ds_path)
+    try:
+        return plan_machine(cfg, ds, partition_offsets(cfg, ds))
+    finally:
+        ds.close()
+
+
+# ------------------------------------------------------------------------------------------ probe
+def test_probe_extents_of_a_two_hub_graph(tmp_path: Path) -> None:
+    """Every node's in-neighbours are the hubs 0 and 1 (0 <- 1, 1 <- 0): a batch of 4 seeds reaches
+    at most its seeds and the two hubs (6 rows) over at most 8 + 10 sampled edges, whatever the
+    fanouts; the no-deduplication bound would be the whole graph."""
+    n = 20
+    src = [h for v in range(n) for h in (0, 1) if h != v]
+    dst = [v for v in range(n) for h in (0, 1) if h != v]
+    ds_path = small_dataset(tmp_path / "hubs", n, src, dst, partition_offsets=np.array([0, 10, 20]))
+    cfg = _cfg(ds_path, batch_size=4, fanouts=[5, 5], eval_batch_size=4, partitions=2)
+    ds = Dataset(ds_path)
+    try:
+        ext = probe_extents(cfg, ds)
+    finally:
+        ds.close()
+    assert ext.probed_train and not ext.probed_eval  # no validation or test split to probe
+    assert ext.train_rows == int(6 * EXTENT_MARGIN) + 1
+    assert ext.train_edges == int(18 * EXTENT_MARGIN) + 1
+    assert ext.eval_rows == n  # the bound: at most every node
+
+
+def test_cache_estimate_counts_the_highest_degree_rows() -> None:
+    degrees = np.array([5, 4, 3, 3, 1])
+    # a 3-row cache holds nodes 0, 1 and one of the two degree-3 nodes
+    assert _cache_hit(np.array([0, 2, 4, 4]), degrees, 3) == pytest.approx(0.25 + 0.25 * 0.5)
+    assert _cache_hit(np.array([0, 2]), degrees, 0) == 0.0
+    assert _cache_hit(np.array([4]), degrees, 5) == 1.0
+
+
+def test_read_cost_seconds() -> None:
+    from ooc.data.autoplan import DISK_BYTES_PER_S, REQUEST_S
+    c = ReadCost(2e9, 1000) + ReadCost(0, 500)
+    assert c.seconds == pytest.approx(2e9 / DISK_BYTES_PER_S + 1500 * REQUEST_S)
+
+
+# ------------------------------------------------------------------------------------------ split
+def test_everything_resident_when_it_fits(planted_dataset: Path) -> None:
+    """A budget that holds the topology beside every feature row: topology in memory, all 8
+    partitions resident, no cache, and the only predicted read is loading the features once."""
+    mp = _plan(planted_dataset, mode="hybrid", memory_budget="50MB")
+    assert mp.split is not None and mp.topology == "memory"
+    assert mp.plan.slots == mp.plan.num_parts == 8 and mp.plan.cache == 0
+    ds = Dataset(planted_dataset)
+    feat_bytes = ds.num_nodes * ds.features.row_bytes
+    ds.close()
+    assert mp.split.predicted.bytes == pytest.approx(feat_bytes)
+    assert {lab for lab, _, _ in mp.split.candidates} == {
+        f"topology {t}, cache {f}" for t in ("memory", "disk") for f in ("0%", "25%", "50%")}
+
+
+def test_no_budget_keeps_the_topology_in_memory(planted_dataset: Path) -> None:
+    mp = _plan(planted_dataset, mode="hybrid")
+    assert mp.topology == "memory" and mp.split is None and mp.extents is None
+
+
+def test_disk_topology_when_memory_cannot_hold_it(tmp_path: Path) -> None:
+    """A dense graph with narrow rows: at the smallest budget that runs with the lists on disk, the
+    topology in memory does not fit, and ``auto`` chooses disk."""
+    from ooc.kernels.generators import planted_partition
+    from ooc.kernels.partition import contiguous_partitions
+
+    from ooc.ingest.convert import write_graph_dataset
+    g = planted_partition(2000, num_classes=4, avg_degree=150, feat_dim=4, noise=2.0, seed=1,
+                          train_frac=0.3)
+    path = write_graph_dataset(tmp_path / "dense", g.num_nodes, g.src, g.dst, g.features, g.labels,
+                               {"train": g.train, "valid": g.valid, "test": g.test}, g.num_classes,
+                               "dense", partition_offsets=contiguous_partitions(2000, 8))
+    kw = dict(mode="exact", fanouts=[3, 3], batch_size=16, eval_batch_size=16, eval_fanouts=[3, 3])
+    budget = None
+    for b in range(200_000, 8_000_000, 100_000):
+        try:
+            _plan(path, topology="disk", memory_budget=str(b), **kw)
+        except ValueError:
+            continue
+        budget = b
+        break
+    assert budget is not None
+    with pytest.raises(ValueError, match="too small"):
+        _plan(path, topology="memory", memory_budget=str(budget), **kw)
+    mp = _plan(path, memory_budget=str(budget), **kw)
+    assert mp.topology == "disk"
+    refused = [lab for lab, c, why in mp.split.candidates if c is None]
+    assert refused == ["topology memory"]
+
+
+def test_pq_codes_when_the_budget_is_below_the_features(planted_dataset: Path, tmp_path: Path) -> None:
+    """Hybrid with --miss-features auto under a budget below the features: partition slots plus the
+    PQ codes (the outer hop's misses are then decoded, not read) beat slots alone."""
+    import shutil
+
+    from ooc.compress import compress_dataset
+    ds_path = tmp_path / "planted"
+    shutil.copytree(planted_dataset, ds_path)
+    compress_dataset(ds_path, 4, centroids=16, sample_rows=1000, iters=3, progress=False)
+    mp = _plan(ds_path, mode="hybrid", miss_features="auto", memory_budget="1.25MB", prefetch=0)
+    assert mp.split is not None and mp.split.pq and mp.pq_bytes > 0
+    assert mp.plan.compressed == mp.pq_bytes and mp.plan.slots < mp.plan.num_parts
+    costs = {lab: c for lab, c, _ in mp.split.candidates if c is not None}
+    assert min(costs.values(), key=lambda c: c.seconds) == mp.split.predicted
+    assert any(", pq" in lab for lab in costs) and any(", pq" not in lab for lab in costs)
+
+
+def test_auto_topology_trains_the_same_batches(tmp_path: Path) -> None:
+    """Exact mode: the split auto chooses (lists on disk under this budget) trains exactly the losses
+    of the topology in memory without a budget."""
+    from ooc.kernels.generators import planted_partition
+    from ooc.kernels.partition import contiguous_partitions
+
+    from ooc.ingest.convert import write_graph_dataset
+    g = planted_partition(2000, num_classes=4, avg_degree=150, feat_dim=4, noise=2.0, seed=1,
+                          train_frac=0.3)
+    path = write_graph_dataset(tmp_path / "dense", g.num_nodes, g.src, g.dst, g.features, g.labels,
+                               {"train": g.train, "valid": g.valid, "test": g.test}, g.num_classes,
+                               "dense", partition_offsets=contiguous_partitions(2000, 8))
+    kw = dict(mode="exact", fanouts=[3, 3], batch_size=64, eval_batch_size=64, eval_fanouts=[3, 3])
+    budget = None
+    for b in range(200_000, 8_000_000, 100_000):
+        try:
+            mp = _plan(path, memory_budget=str(b), **kw)
+        except ValueError:
+            continue
+        if mp.topology == "disk":
+            budget = b
+            break
+    assert budget is not None
+    a = train(_cfg(path, output_dir=str(tmp_path / "auto"), memory_budget=str(budget), **kw))
+    b = train(_cfg(path, output_dir=str(tmp_path / "mem"), topology="memory", **kw))
+    assert a["topology"] == "disk" and b["topology"] == "memory"
+    assert a["losses"] == b["losses"] and a["test_acc"] == b["test_acc"]
+    assert a["split"]["predicted_bytes"] > 0
+
+
+def test_miss_features_auto_needs_a_budget(planted_dataset: Path) -> None:
+    with pytest.raises(ValueError, match="--miss-features auto chooses by the budget split"):
+        _cfg(planted_dataset, mode="hybrid", miss_features="auto")
+    with pytest.raises(ValueError, match="--miss-features auto applies to --mode hybrid only"):
+        _cfg(planted_dataset, mode="exact", miss_features="auto", memory_budget="10MB")
