@@ -365,9 +365,8 @@ def _print_summary(m: dict) -> None:
           f"{_human(m['cache_bytes'])}, runtime overhead {_human(m['rss_baseline_bytes'])}")
     split = m.get("split")
     if split:
-        per_epoch = [h["bytes_read"] for h in hist if "bytes_read" in h]
-        real = (f"; measured {_human(int(sum(per_epoch) / len(per_epoch)))} per epoch (training and "
-                "evaluation)") if per_epoch else ""
+        per_epoch = [h["train_bytes_read"] for h in hist if "train_bytes_read" in h]
+        real = (f"; measured {_human(int(sum(per_epoch) / len(per_epoch)))}") if per_epoch else ""
         print(f"budget split  chose topology {split['topology']}"
               + (", PQ codes" if split["pq"] else "") + f", {split['slots']} partition slots, cache "
               f"{_human(split['cache_bytes'])} of {len(split['candidates'])} splits; predicted "

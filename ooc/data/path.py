@@ -429,6 +429,13 @@ class DataPath:
             d["swaps"] = st.swaps
         return d
 
+    def bytes_read_so_far(self) -> int:
+        """Bytes read since the epoch's counters were last reset (features, partition loads and
+        lists), without resetting them: the training share of an epoch, read before evaluation."""
+        setup = self._setup.bytes_read if self._setup is not None else 0
+        return int(self.buffer.stats.bytes_read + setup
+                   + sum(r.counters.bytes_read for r in self.readers))
+
     def epoch_stats(self) -> dict:
         """The epoch's counters (then reset): bytes read (features and topology), buffer and cache
         hit ratios, loads and swaps (with the lower bound), rows decoded from PQ codes, I/O wait,

@@ -471,7 +471,8 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
                          "edges_per_s": acc["edges"] / tt, "sampled_edges": acc["edges"],
                          "stall_s": acc["stall_s"], "compute_s": acc["compute_s"],
                          "sample_s": acc["sample_s"], "gather_s": acc["gather_s"],
-                         "lr": opt.param_groups[0]["lr"], "steps": st.global_step, **cstats}
+                         "lr": opt.param_groups[0]["lr"], "steps": st.global_step,
+                         "train_bytes_read": data.bytes_read_so_far(), **cstats}
             if (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1:
                 te = time.perf_counter()
                 scores = task.evaluate(model, device)
