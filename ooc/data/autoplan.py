@@ -24,7 +24,9 @@ in-neighbour about in proportion to its out-degree, equal to its in-degree in gr
 directions — PaGraph's and GNNLab's degree-ordered caches rest on the same observation); partition
 loads read each loaded partition once; with the topology on disk every list of every hop but the
 last is one request of at least one page.  Seconds = bytes / :data:`DISK_BYTES_PER_S` + requests x
-:data:`REQUEST_S` (O_DIRECT with 32 requests in flight on this project's development VM).
+:data:`REQUEST_S` (O_DIRECT with 32 requests in flight on this project's development VM).  Buffer
+mode samples inside the resident partitions: it reads only its partition loads (their in-edges too
+with the topology on disk).  Splits within 1% of each other are ranked by partition slots (more first).
 """
 
 from __future__ import annotations
@@ -245,6 +247,9 @@ def _probe_states(cfg: "TrainConfig", ds: Dataset, probe: _Probe, offsets: np.nd
                            mix=cfg.hybrid_mix if cfg.mode == "hybrid" else 0.0)
         states, batch_state = plan.states, plan.batch_state
     loads = sum(len(set(s) - set(states[i - 1] if i else [])) for i, s in enumerate(states))
+    if cfg.mode == "buffer":  # no misses and no list reads: only the loads matter
+        empty = np.zeros(0, dtype=np.int64)
+        return _StateStats(empty, empty, empty, empty, empty, empty, int(loads))
     itemsize = ds.raw("indices").dtype.itemsize
     ip = probe.indptr
     out: dict[str, list] = {k: [] for k in ("rows", "resident", "outer", "lists", "pages", "miss")}
@@ -293,6 +298,15 @@ def _epoch_cost(cfg: "TrainConfig", ds: Dataset, st: _StateStats, plan: BudgetPl
     probed = max(st.rows.shape[0], 1)
     row_bytes = ds.features.row_bytes if ds.has("features") else 0
     cost = ReadCost()
+    if cfg.mode == "buffer":  # samples inside the resident partitions: loads only, lists included
+        if plan.slots < plan.num_parts:
+            loads = float(st.loads_per_epoch)
+        else:
+            loads = plan.num_parts / max(cfg.epochs, 1)
+        part_bytes = float(ds.num_nodes) / max(plan.num_parts, 1) * row_bytes
+        if topology == "disk":
+            part_bytes += float(ds.num_edges) / max(plan.num_parts, 1) * ds.raw("indices").dtype.itemsize
+        return ReadCost(loads * part_bytes, loads * max(1.0, part_bytes / (1 << 20)))
     if row_bytes:
         misses = (st.rows - st.resident).sum() / probed * num_batches
         read_misses = misses - (st.outer_miss.sum() / probed * num_batches if pq else 0.0)
@@ -309,6 +323,15 @@ def _epoch_cost(cfg: "TrainConfig", ds: Dataset, st: _StateStats, plan: BudgetPl
         cost += ReadCost(st.list_pages.sum() / probed * num_batches * _PAGE,
                          st.lists.sum() / probed * num_batches)
     return cost
+
+
+def _better(cost: ReadCost, plan: BudgetPlan, best: SplitChoice) -> bool:
+    """Fewer predicted seconds (by more than 1%); within 1%, more partition slots (larger states:
+    fewer cut edges in buffer mode, more hits elsewhere)."""
+    b = best.predicted.seconds
+    if cost.seconds < b * 0.99:
+        return True
+    return cost.seconds <= b * 1.01 and plan.slots > best.plan.slots
 
 
 def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
@@ -373,7 +396,7 @@ def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
                         stats[key] = _probe_states(cfg, ds, probe, offsets, key[0], key[1])
                     cost = _epoch_cost(cfg, ds, stats[key], plan, topo, pq, degrees)
                     tried.append((label, cost, ""))
-                    if best is None or cost.seconds < best.predicted.seconds * (1 - 1e-9):
+                    if best is None or _better(cost, plan, best):
                         best = SplitChoice(topo, pq, size, plan, cost)
     finally:
         probe.close()

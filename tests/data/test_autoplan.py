@@ -172,3 +172,17 @@ def test_miss_features_auto_needs_a_budget(planted_dataset: Path) -> None:
         _cfg(planted_dataset, mode="hybrid", miss_features="auto")
     with pytest.raises(ValueError, match="--miss-features auto applies to --mode hybrid only"):
         _cfg(planted_dataset, mode="exact", miss_features="auto", memory_budget="10MB")
+
+
+def test_buffer_mode_predicts_partition_loads_only(planted_dataset: Path) -> None:
+    """Buffer mode samples inside the resident partitions: no misses and no list reads, only loads
+    (every partition once per epoch when fewer than all are resident)."""
+    mp = _plan(planted_dataset, mode="buffer", memory_budget="1.25MB")
+    assert mp.split is not None and 1 <= mp.plan.slots < mp.plan.num_parts
+    ds = Dataset(planted_dataset)
+    part = ds.num_nodes / 8 * ds.features.row_bytes
+    if mp.topology == "disk":
+        part += ds.num_edges / 8 * ds.raw("indices").dtype.itemsize
+    ds.close()
+    loads = mp.split.predicted.bytes / part  # whole partition loads, each partition at least once
+    assert loads >= 8 and loads == pytest.approx(round(loads))
