@@ -50,7 +50,8 @@ class ScaleConfig:
             disk; only link prediction's BETA ordering reads them, node training does not).
         fanouts, batch_size, hidden, epochs: GraphSAGE training options (3 layers for 3 fanouts).
         eval_fanouts: sampled evaluation fanouts (full neighbourhoods explode on R-MAT).
-        modes: training modes run in order (``hybrid``, ``buffer``, ``exact``; ``exact`` runs with
+        modes: training modes run in order (``hybrid``, ``buffer``, ``exact``, ``auto``: hybrid with
+            the automatic budget split under ``auto_budget``; ``exact`` runs with
             everything in memory, as the accuracy reference).
         topology: ``--topology`` of the budgeted runs (``disk``: only indptr in memory).
     """
@@ -75,6 +76,7 @@ class ScaleConfig:
     epochs: int = 1
     modes: tuple[str, ...] = ("hybrid", "buffer")
     topology: str = "disk"
+    auto_budget: str = ""
     seed: int = 0
     extra_train_args: list[str] = field(default_factory=list)
 
@@ -83,12 +85,12 @@ class ScaleConfig:
         """The ~10 M-edge variant: 500 K nodes, 10 M edges, the same generator and model, 16
         partitions of which 4 resident, plus the in-memory reference.
 
-        No byte budget: the planner's bound on the batches in flight (sampled rows without
-        deduplication, ~0.6 GB per 15,10,5 batch here) exceeds the whole 0.17 GB dataset, so a
-        budget that forces partitions out would refuse to run; ``--buffer-partitions`` does."""
+        Hybrid and buffer run with ``--buffer-partitions`` (4 resident), not a byte budget; the
+        ``auto`` stage trains hybrid under ``auto_budget`` with the automatic split (topology,
+        slots and row cache chosen by :mod:`ooc.data.autoplan`, batches sized by its probe)."""
         return cls(nodes=500_000, edges=10_000_000, splits=(0.05, 0.01, 0.01), parts=16,
                    budget="", buffer_parts=4, gen_budget="512MB", part_budget="256MB",
-                   modes=("hybrid", "buffer", "exact"))
+                   modes=("hybrid", "buffer", "exact", "auto"), auto_budget="600MB")
 
 
 def _read_bytes(pid: int) -> int | None:
@@ -212,7 +214,8 @@ def _train_metrics(run: Path) -> dict:
     last = hist[-1] if hist else {}
     keep = ("test_acc", "val_acc", "bytes_read", "buffer_hit_ratio", "cache_hit_ratio", "swaps",
             "row_hits", "row_misses", "peak_rss_bytes", "rss_baseline_bytes", "budget",
-            "resident_partitions", "num_parts", "direct_io", "buffer_bytes", "cache_bytes")
+            "resident_partitions", "num_parts", "direct_io", "buffer_bytes", "cache_bytes",
+            "topology", "split")
     out = {k: m[k] for k in keep if k in m}
     for k in ("train_time_s", "eval_time_s", "seeds_per_s", "edges_per_s", "sampled_edges",
               "stall_s", "compute_s", "sample_s", "gather_s", "loss", "train_acc", "steps",
@@ -233,6 +236,9 @@ def _train_cmd(cfg: ScaleConfig, ds: Path, mode: str, run: Path) -> list[str]:
                "--seed", str(cfg.seed), "--no-progress", "--output-dir", str(run))
     if mode == "exact":  # the in-memory reference: everything resident
         cmd += ["--mode", "exact", "--memory-budget", "1TB", "--topology", "memory"]
+    elif mode == "auto":  # hybrid, the automatic budget split
+        cmd += ["--mode", "hybrid", "--topology", "auto", "--memory-budget",
+                cfg.auto_budget or cfg.budget or "8GB"]
     else:
         cmd += ["--mode", mode, "--topology", cfg.topology]
         cmd += (["--memory-budget", cfg.budget] if cfg.budget else
@@ -444,7 +450,8 @@ def _cmd_bench_scale(args: argparse.Namespace) -> int:
         v = getattr(args, k)
         if v is not None:
             setattr(cfg, k, v)
-    for k in ("budget", "gen_budget", "part_budget", "fanouts", "eval_fanouts", "topology"):
+    for k in ("budget", "gen_budget", "part_budget", "fanouts", "eval_fanouts", "topology",
+              "auto_budget"):
         v = getattr(args, k)
         if v is not None:
             setattr(cfg, k, v)
@@ -452,8 +459,8 @@ def _cmd_bench_scale(args: argparse.Namespace) -> int:
         cfg.modes = tuple(args.modes.split(","))
     if args.splits:
         cfg.splits = tuple(float(x) for x in args.splits.split(","))  # type: ignore[assignment]
-    work = Path(args.workdir or ("/work/bench-data/issue8/small" if args.small
-                                 else "/work/bench-data/issue8/full"))
+    work = Path(args.workdir or ("/work/bench-data/scale/small" if args.small
+                                 else "/work/bench-data/scale/full"))
     stages = tuple(args.stages.split(",")) if args.stages else None
     kr = None
     if args.kill_resume:
@@ -503,7 +510,9 @@ def add_bench_scale(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--part-budget")
     p.add_argument("--fanouts")
     p.add_argument("--eval-fanouts")
-    p.add_argument("--topology", choices=["memory", "mmap", "disk"])
+    p.add_argument("--topology", choices=["auto", "memory", "mmap", "disk"])
+    p.add_argument("--auto-budget", help="--memory-budget of the `auto` mode (hybrid, automatic "
+                                        "split; default the training budget)")
     p.add_argument("--modes", help="comma-separated training modes (default hybrid,buffer)")
     p.add_argument("--stages", help="only these stages, e.g. generate,partition")
     p.add_argument("--kill-resume", metavar="MODE:STEP[:EVERY]",

@@ -40,7 +40,8 @@ def test_kill_at_step_kills_after_the_asked_records(tmp_path: Path) -> None:
 
 def test_small_config_and_table() -> None:
     s = ScaleConfig.small()
-    assert (s.nodes, s.edges, s.parts, s.modes) == (500_000, 10_000_000, 16, ("hybrid", "buffer", "exact"))
+    assert (s.nodes, s.edges, s.parts, s.modes) == (500_000, 10_000_000, 16,
+                                                   ("hybrid", "buffer", "exact", "auto"))
     full = ScaleConfig()
     assert full.edges >= 10**9 and full.nodes >= 50_000_000 and full.classes >= 20
     assert full.nodes * full.splits[0] >= 500_000 and full.nodes * full.splits[2] >= 100_000
@@ -66,18 +67,33 @@ def test_small_pipeline_end_to_end(tmp_path: Path) -> None:
                     kill_resume=("buffer", 20, 8))
     st = rec["stages"]
     assert list(st) == ["generate", "partition", "train-hybrid", "train-buffer", "train-exact",
-                        "resume-buffer"]
+                        "train-auto", "resume-buffer"]
     assert all(r["returncode"] == 0 for r in st.values())
     assert st["generate"]["num_edges"] == 10_000_000 and st["generate"]["num_nodes"] == 500_000
     assert st["partition"]["partitioning"]["num_parts"] == 16
-    for m in ("hybrid", "buffer", "exact"):
+    for m in ("hybrid", "buffer", "exact", "auto"):
         r = st[f"train-{m}"]
         assert r["test_acc"] > 2 / 20, (m, r["test_acc"])  # 20 classes: chance 0.05
         assert r["peak_rss_bytes"] < 4 << 30
     assert st["train-hybrid"]["resident_partitions"] < 16
+    # the automatic split under 600MB: a plan within the budget, its choice and prediction recorded
+    auto = st["train-auto"]
+    assert auto["budget"]["planned"] <= 600_000_000 and auto["topology"] in ("memory", "disk")
+    assert auto["split"]["predicted_bytes"] > 0 and len(auto["split"]["candidates"]) >= 2
     assert json.loads((tmp_path / "scale.json").read_text())["stages"].keys() == st.keys()
     # SIGKILL mid-epoch + --resume ends bit-identical to the uninterrupted buffer run
     kr = st["resume-buffer"]
     assert kr["kill"]["returncode"] == -9 and kr["kill"]["killed_after_steps"] >= 20
     assert kr["compare"]["identical_weights"] and kr["compare"]["identical_losses"]
     assert kr["test_acc"] == st["train-buffer"]["test_acc"]
+
+
+def test_auto_stage_trains_hybrid_with_the_automatic_split(tmp_path: Path) -> None:
+    from ooc.tools.bench_scale import _train_cmd
+    cfg = ScaleConfig.small()
+    cmd = _train_cmd(cfg, tmp_path / "DS", "auto", tmp_path / "run")
+    i = cmd.index("--mode")
+    assert cmd[i + 1] == "hybrid"
+    assert cmd[cmd.index("--topology") + 1] == "auto"
+    assert cmd[cmd.index("--memory-budget") + 1] == "600MB"
+    assert "auto" in cfg.modes
