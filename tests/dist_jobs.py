@@ -120,7 +120,8 @@ def modes_and_tasks(ds: str, out: str, budgets: dict) -> None:
                 budget = budgets[f"{task}-{mode}"]
                 kw = dict(task=task, mode=mode, memory_budget=str(budget), fanouts=[5, 5], hidden=16,
                           batch_size=32 if task == "node" else 256, eval_batch_size=256,
-                          partitions=8, eval_candidates=100, buffer_partitions=2)
+                          partitions=8, eval_candidates=100, buffer_partitions=2,
+                          topology="memory")
                 name = f"{task}-{mode}"
                 m = train(_cfg(ds, Path(out) / name, **kw), job=ctx)
                 cfg = _cfg(ds, Path(out) / (name + "-plan"), **kw)

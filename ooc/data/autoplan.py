@@ -19,14 +19,17 @@ no-deduplication bound ``batch * prod(1 + fanout)`` (which for Cora is the whole
 Cost model (per training epoch of the whole job, an estimate, printed with the plan; the run's
 metrics record the real bytes read): rows a batch needs that are neither in its state's partitions
 nor in the row cache are read (one request each, a 4 KiB page at least with O_DIRECT); with PQ only
-the inner hops' misses are read; the cache keeps the highest-degree rows (a node is drawn as an
-in-neighbour about in proportion to its out-degree, equal to its in-degree in graphs stored in both
-directions — PaGraph's and GNNLab's degree-ordered caches rest on the same observation); partition
+the inner hops' misses are read; the row cache's hit ratio follows Che's approximation of an LRU
+cache with each node asked for in proportion to its degree (a node is drawn as an in-neighbour about
+in proportion to its out-degree, equal to its in-degree in graphs stored in both directions); partition
 loads read each loaded partition once; with the topology on disk every list of every hop but the
 last is one request of at least one page.  Seconds = bytes / :data:`DISK_BYTES_PER_S` + requests x
 :data:`REQUEST_S` (O_DIRECT with 32 requests in flight on this project's development VM).  Buffer
 mode samples inside the resident partitions: it reads only its partition loads (their in-edges too
-with the topology on disk).  Splits within 1% of each other are ranked by partition slots (more first).
+with the topology on disk).  Splits within :data:`TIE` (10%) of each other are ranked by partition
+slots (more first), then by the order tried (memory before disk, no PQ before PQ, no cache first).
+With O_DIRECT a miss is charged a whole page; the reader's merging of nearby rows (``--io-gap``)
+made it about half a page on the 2 M-node bench, so absolute predictions run high there.
 """
 
 from __future__ import annotations
@@ -60,8 +63,14 @@ DISK_BYTES_PER_S = 1.0e9
 REQUEST_S = 2.0e-5
 #: Factor on the largest probed batch (input rows, sampled edges) for the batches in flight.
 EXTENT_MARGIN = 1.25
-#: Batches probed per candidate state size, and for the batch extents.
+#: Batches probed for the batch extents.
 PROBE_BATCHES = 4
+#: Batches probed per candidate state size for the reads (with 4, 8, 16 and 32 the predictions of
+#: two splits whose measured reads were equal on the 2 M-node bench differed by 22, 14, 7 and 3%).
+PROBE_STATE_BATCHES = 16
+#: Predicted seconds within this fraction of each other count as equal: the split with more
+#: partition slots (and then the one found first: memory, no PQ, no cache) is kept.
+TIE = 0.10
 #: Evaluation batches whose no-deduplication bound exceeds this many rows are not probed (their
 #: full neighbourhoods would take long to read); the bound is used.
 PROBE_EVAL_MAX_ROWS = 4_000_000
@@ -221,14 +230,13 @@ def probe_extents(cfg: "TrainConfig", ds: Dataset, probe: "_Probe | None" = None
 class _StateStats:
     """Probed batches of a plan with a given state size: per batch its input rows, the rows in the
     state's partitions, the not-resident rows reached only by the last hop, lists fetched and the
-    pages they span; ``miss_ids`` the ids of every not-resident row (for the cache estimate)."""
+    pages they span; the partitions loaded in the epoch."""
 
     rows: np.ndarray
     resident: np.ndarray
     outer_miss: np.ndarray
     lists: np.ndarray
     list_pages: np.ndarray
-    miss_ids: np.ndarray
     loads_per_epoch: int
 
 
@@ -249,11 +257,11 @@ def _probe_states(cfg: "TrainConfig", ds: Dataset, probe: _Probe, offsets: np.nd
     loads = sum(len(set(s) - set(states[i - 1] if i else [])) for i, s in enumerate(states))
     if cfg.mode == "buffer":  # no misses and no list reads: only the loads matter
         empty = np.zeros(0, dtype=np.int64)
-        return _StateStats(empty, empty, empty, empty, empty, empty, int(loads))
+        return _StateStats(empty, empty, empty, empty, empty, int(loads))
     itemsize = ds.raw("indices").dtype.itemsize
     ip = probe.indptr
-    out: dict[str, list] = {k: [] for k in ("rows", "resident", "outer", "lists", "pages", "miss")}
-    for i in _evenly(PROBE_BATCHES, len(plan.batches)):
+    out: dict[str, list] = {k: [] for k in ("rows", "resident", "outer", "lists", "pages")}
+    for i in _evenly(PROBE_STATE_BATCHES, len(plan.batches)):
         sg = probe.sample(plan.batches[i], list(cfg.fanouts), batch_key(cfg.seed, 0, i), cfg.replace)
         nodes = sg.nodes
         inner = sg.blocks[0].num_dst if sg.blocks else nodes.shape[0]  # nodes of every hop but the last
@@ -268,28 +276,46 @@ def _probe_states(cfg: "TrainConfig", ds: Dataset, probe: _Probe, offsets: np.nd
         nbytes = (ip[lists + 1] - ip[lists]) * itemsize
         out["lists"].append(inner)
         out["pages"].append(int(np.maximum(1, -(-nbytes // _PAGE)).sum()))
-        out["miss"].append(nodes[~res])
-    arr = {k: np.asarray(v, dtype=np.int64) for k, v in out.items() if k != "miss"}
-    miss = np.concatenate(out["miss"]) if out["miss"] else np.empty(0, dtype=np.int64)
-    return _StateStats(arr["rows"], arr["resident"], arr["outer"], arr["lists"], arr["pages"], miss,
+    arr = {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
+    return _StateStats(arr["rows"], arr["resident"], arr["outer"], arr["lists"], arr["pages"],
                        int(loads))
 
 
-def _cache_hit(miss_ids: np.ndarray, degrees: np.ndarray, cache_rows: int) -> float:
-    """Fraction of ``miss_ids`` among the ``cache_rows`` highest-degree nodes."""
+def _cache_hit(degrees: np.ndarray, misses_per_batch: float, cache_rows: int) -> float:
+    """Hit ratio of an LRU-like row cache of ``cache_rows`` rows under Che's approximation (Che,
+    Tung and Wang, IEEE JSAC 2002): node ``v`` is asked for ``lam_v = m * deg_v / sum(deg)`` times
+    per batch (``m`` = ``misses_per_batch``, in proportion to its degree, the in-neighbour draw);
+    the cache's characteristic time ``T`` (batches) solves ``sum_v (1 - exp(-lam_v T)) = C`` and
+    ``hit = sum_v lam_v (1 - exp(-lam_v T)) / sum_v lam_v``.  Uniform degrees give ``C / N``.
+
+    SIEVE and CLOCK behave close to LRU here; the estimate is the same for all three.
+    """
     n = degrees.shape[0]
-    if cache_rows <= 0 or miss_ids.shape[0] == 0:
+    if cache_rows <= 0 or misses_per_batch <= 0 or n == 0:
         return 0.0
     if cache_rows >= n:
         return 1.0
-    thr = np.partition(degrees, n - cache_rows)[n - cache_rows]
-    d = degrees[miss_ids]
-    above = float((d > thr).mean())
-    at = float((d == thr).mean())
-    # of the nodes with degree == thr, the cache holds the share left after those above it
-    n_above = int((degrees > thr).sum())
-    n_at = max(int((degrees == thr).sum()), 1)
-    return above + at * min(1.0, (cache_rows - n_above) / n_at)
+    vals, counts = np.unique(np.maximum(degrees, 0), return_counts=True)
+    total = float((vals * counts).sum())
+    if total <= 0:
+        return min(1.0, cache_rows / n)
+    lam = misses_per_batch * vals / total
+    cnt = counts.astype(np.float64)
+
+    def occupied(t: float) -> float:
+        return float((cnt * -np.expm1(-lam * t)).sum())
+
+    lo, hi = 0.0, 1.0
+    while occupied(hi) < cache_rows and hi < 1e18:
+        hi *= 2.0
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if occupied(mid) < cache_rows:
+            lo = mid
+        else:
+            hi = mid
+    t = 0.5 * (lo + hi)
+    return float((cnt * lam * -np.expm1(-lam * t)).sum() / (cnt * lam).sum())
 
 
 def _epoch_cost(cfg: "TrainConfig", ds: Dataset, st: _StateStats, plan: BudgetPlan, topology: str, pq: bool, degrees: np.ndarray) -> ReadCost:
@@ -310,7 +336,7 @@ def _epoch_cost(cfg: "TrainConfig", ds: Dataset, st: _StateStats, plan: BudgetPl
     if row_bytes:
         misses = (st.rows - st.resident).sum() / probed * num_batches
         read_misses = misses - (st.outer_miss.sum() / probed * num_batches if pq else 0.0)
-        hit = _cache_hit(st.miss_ids, degrees, plan.cache_rows)
+        hit = _cache_hit(degrees, (st.rows - st.resident).sum() / probed, plan.cache_rows)
         reads = read_misses * (1.0 - hit)
         per = max(row_bytes, _PAGE) if cfg.direct_io else row_bytes
         cost += ReadCost(reads * per, reads)
@@ -326,12 +352,12 @@ def _epoch_cost(cfg: "TrainConfig", ds: Dataset, st: _StateStats, plan: BudgetPl
 
 
 def _better(cost: ReadCost, plan: BudgetPlan, best: SplitChoice) -> bool:
-    """Fewer predicted seconds (by more than 1%); within 1%, more partition slots (larger states:
-    fewer cut edges in buffer mode, more hits elsewhere)."""
+    """Fewer predicted seconds by more than :data:`TIE`; within it, more partition slots (larger
+    states: fewer cut edges in buffer mode, more hits elsewhere)."""
     b = best.predicted.seconds
-    if cost.seconds < b * 0.99:
+    if cost.seconds < b * (1 - TIE):
         return True
-    return cost.seconds <= b * 1.01 and plan.slots > best.plan.slots
+    return cost.seconds <= b * (1 + TIE) and plan.slots > best.plan.slots
 
 
 def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
