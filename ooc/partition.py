@@ -596,28 +596,30 @@ _GROUP_ID_BYTES = 32
 _MIN_GROUP_BYTES = 256 << 10
 
 
-def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overwrite: bool = False,
-                    memory_budget: int | str = "2GB", edge_buckets: bool = True) -> Path:
-    """Rewrite ``ds`` in partition order (see the module docstring) through :class:`DatasetWriter`.
+@dataclass
+class _Plan:
+    """What every rewrite of ``ds`` under an assignment needs, computed (and the memory budget
+    checked) before anything is written: see :func:`_plan_rewrite`."""
 
-    Args:
-        ds: the source dataset (may be the same directory as ``out`` with ``overwrite``).
-        result: the assignment of ``ds``'s node ids.
-        out: target directory; written atomically.
-        memory_budget: bytes (or ``"2GB"``) the rewrite may hold: the node-sized arrays it keeps
-            whole (assignment, permutation, inverse, old and new indptr: ~36 B per node) count
-            first, rewrite groups of rows / edges get the rest.
-        edge_buckets: also write ``partitions/buckets/*``.
+    n: int
+    num_parts: int
+    perm: np.ndarray | None          # int64 [N], perm[new] = old
+    inv: np.ndarray | None           # int64 [N], inv[old] = new
+    offsets: np.ndarray              # int64 [P+1]
+    new_indptr: np.ndarray           # int64 [N+1]
+    node_arrays: list[str]           # other nodes/* row arrays, permuted like the features
+    group_budget: int                # bytes for rewrite groups
+    held: int                        # bytes of the node-sized arrays held whole + one writer chunk
+    chunk_bytes: int                 # largest writer chunk (bytes)
+    index_dtype: np.dtype
 
-    Returns:
-        The new dataset's path.
+
+def _plan_rewrite(ds: Dataset, result: PartitionResult, memory_budget: int | str,
+                  edge_buckets: bool) -> _Plan:
+    """Permutation, new indptr and the split of the memory budget (see :func:`reorder_dataset`).
 
     Raises:
-        ValueError: the dataset holds an array whose layout this rewrite does not know (named), the
-            assignment does not match the dataset, the budget does not hold the node-sized arrays
-            plus 256 KiB of groups (before anything is written), or a destination partition's
-            in-edges exceed the budget while writing edge buckets.
-        FileExistsError: ``out`` exists and not ``overwrite``.
+        ValueError: see :func:`reorder_dataset` (all before anything is written).
     """
     budget = parse_bytes(memory_budget)  # as given: a budget too small is refused below, by its size
     n = ds.num_nodes
@@ -669,73 +671,146 @@ def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overw
             f"new indptr) and one output chunk ({format_bytes(held)} together) leave less than "
             f"{what}; use at least {format_bytes(-(-(held + need) // (1 << 20)) << 20)}; nothing was "
             "written")
-    budget = group_budget
     result.extra.update(held_bytes=held, group_bytes=group_budget)
+    return _Plan(n=n, num_parts=num_parts, perm=perm, inv=inv, offsets=offsets, new_indptr=new_indptr,
+                 node_arrays=node_arrays, group_budget=group_budget, held=held,
+                 chunk_bytes=max(chunk_bytes), index_dtype=old_indices.dtype)
+
+
+def _write_reordered(ds: Dataset, plan: _Plan, w, with_features: bool = True) -> tuple[int, int]:
+    """Write every rewritten array except the edge buckets into ``w`` (a
+    :class:`~ooc.storage.dataset.DatasetStage`): indptr, indices, the node arrays (``nodes/features``
+    only ``with_features``), labels, splits, offsets, PQ codebooks, ``nodes/perm``.
+
+    Drops ``plan.perm`` and ``plan.inv`` at the end (node-sized, not needed by the buckets).
+
+    Returns:
+        ``(topology groups, feature passes)``.
+    """
+    perm, inv, n = plan.perm, plan.inv, plan.n
+    budget = plan.group_budget
+    old_indices = ds.raw("indices")
+    w.write_array("indptr", plan.new_indptr)
+    # --- topology: groups of new destination ids whose in-edges fit the budget
+    iw = w.array_writer("indices", old_indices.dtype, (), expected_rows=old_indices.shape[0])
+    topo_passes = _permute_topology(ds.indptr, old_indices, plan.new_indptr, perm, inv, iw, budget)
+    w.finish_array(iw)
+    _fault_point("rewrite-topology")
+    # --- node arrays
+    feat_passes = 0
+    rels = [ARRAY_NAMES["features"]] if with_features else []
+    for rel in [*rels, *plan.node_arrays]:
+        if rel not in ds.manifest["arrays"]:
+            continue
+        src = ds.raw(rel)
+        fw = w.array_writer(rel, src.dtype, src.shape[1:], expected_rows=n, chunk_rows=src.chunk_rows)
+        feat_passes += _permute_rows(src, perm, inv, fw, budget, spool_dir=w.tmp / "_spool")
+        w.finish_array(fw)
+    shutil.rmtree(w.tmp / "_spool", ignore_errors=True)
+    if ds.has("labels"):
+        w.write_array("labels", ds.raw(ARRAY_NAMES["labels"]).read_all()[perm])  # not cached in ds
+    for s in ("train", "valid", "test"):
+        if ds.has(s):
+            w.write_array(s, np.sort(inv[ds.split(s)]))
+    w.write_array("partition_offsets", plan.offsets)
+    for rel in _VERBATIM:
+        if rel in ds.manifest["arrays"]:
+            w.write_array(rel, ds.raw(rel).read_all())
+    orig = ds.raw("nodes/perm").read_all()[perm] if ds.has("nodes/perm") else perm
+    w.write_array("nodes/perm", orig.astype(np.int64, copy=False))
+    del orig, perm, inv  # node-sized, not needed by the buckets or the commit's checks
+    plan.perm = plan.inv = None
+    return topo_passes, feat_passes
+
+
+def _write_buckets(w, new_indptr: np.ndarray, offsets: np.ndarray, num_parts: int,
+                   index_dtype: np.dtype, budget: int, chunk_bytes: int) -> None:
+    """Write ``partitions/buckets/{src,dst,offsets}`` into ``w`` from the new topology already in it.
+
+    Edge bucket ``(i -> j)`` is stored destination-major, at index ``j * P + i``.
+
+    Raises:
+        ValueError: a destination partition's in-edges (three int arrays of them and one writer
+            chunk) exceed ``budget`` bytes.
+    """
+    new_indices = RawArray(w.arrays_root / ARRAY_NAMES["indices"])
+    sw = w.array_writer("partitions/buckets/src", index_dtype, (), expected_rows=new_indices.shape[0])
+    dw = w.array_writer("partitions/buckets/dst", index_dtype, (), expected_rows=new_indices.shape[0])
+    boff = np.zeros(num_parts * num_parts + 1, dtype=np.int64)
+    idx = so = do = None
+    for j in range(num_parts):
+        a, b = int(offsets[j]), int(offsets[j + 1])
+        ea, eb = int(new_indptr[a]), int(new_indptr[b])
+        # the partition's lists, its bucket sources and destinations, one more writer chunk
+        if (eb - ea) * 3 * index_dtype.itemsize + chunk_bytes > budget:
+            raise ValueError(f"partition {j} has {eb - ea:,} in-edges, more than the memory "
+                             f"budget {format_bytes(budget)} holds for edge buckets; use more "
+                             "partitions, a larger --memory-budget or --no-edge-buckets")
+        idx = new_indices.read(ea, eb)
+        so = np.empty(eb - ea, dtype=index_dtype)
+        do = np.empty(eb - ea, dtype=index_dtype)
+        counts = bucket_sort_block(new_indptr[a:b + 1], idx, a, offsets, num_parts, so, do)
+        boff[j * num_parts + 1:(j + 1) * num_parts + 1] = ea + np.cumsum(counts)
+        sw.append(so)
+        dw.append(do)
+    new_indices.close()
+    del idx, so, do
+    w.finish_array(sw)
+    w.finish_array(dw)
+    w.write_array("partitions/buckets/offsets", boff)
+
+
+def _rewrite_manifest(ds: Dataset, result: PartitionResult, seconds: float, topo_passes: int,
+                      feat_passes: int, edge_buckets: bool) -> dict:
+    """Manifest fields of the rewritten dataset: the source's, plus ``partitioning``."""
+    man = {k: v for k, v in ds.manifest.items()
+           if k not in ("format_version", "created", "tool", "tool_version", "sources", "arrays")}
+    summary = result.summary()
+    summary.update(rewrite_seconds=seconds, topology_passes=topo_passes,
+                   feature_passes=feat_passes, edge_buckets=edge_buckets)
+    man["partitioning"] = summary
+    return man
+
+
+def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overwrite: bool = False,
+                    memory_budget: int | str = "2GB", edge_buckets: bool = True) -> Path:
+    """Rewrite ``ds`` in partition order (see the module docstring) through :class:`DatasetWriter`
+    into a new directory renamed over ``out`` at the end (the source stays whole until then; the
+    disk holds both copies and the feature spool at the peak: see
+    :mod:`ooc.partition_inplace` for the low-footprint in-place rewrite).
+
+    Args:
+        ds: the source dataset (may be the same directory as ``out`` with ``overwrite``).
+        result: the assignment of ``ds``'s node ids.
+        out: target directory; written atomically.
+        memory_budget: bytes (or ``"2GB"``) the rewrite may hold: the node-sized arrays it keeps
+            whole (assignment, permutation, inverse, old and new indptr: ~36 B per node) count
+            first, rewrite groups of rows / edges get the rest.
+        edge_buckets: also write ``partitions/buckets/*``.
+
+    Returns:
+        The new dataset's path.
+
+    Raises:
+        ValueError: the dataset holds an array whose layout this rewrite does not know (named), the
+            assignment does not match the dataset, the budget does not hold the node-sized arrays
+            plus 256 KiB of groups (before anything is written), or a destination partition's
+            in-edges exceed the budget while writing edge buckets.
+        FileExistsError: ``out`` exists and not ``overwrite``.
+    """
+    plan = _plan_rewrite(ds, result, memory_budget, edge_buckets)
     t0 = time.perf_counter()
     with DatasetWriter(out, overwrite=overwrite) as w:
         w.sources = list(ds.manifest.get("sources", []))
-        w.write_array("indptr", new_indptr)
-        # --- topology: groups of new destination ids whose in-edges fit the budget
-        iw = w.array_writer("indices", old_indices.dtype, (), expected_rows=old_indices.shape[0])
-        topo_passes = _permute_topology(old_indptr, old_indices, new_indptr, perm, inv, iw, budget)
-        w.finish_array(iw)
-        # --- node arrays
-        feat_passes = 0
-        for rel in [ARRAY_NAMES["features"], *node_arrays]:
-            if rel not in ds.manifest["arrays"]:
-                continue
-            src = ds.raw(rel)
-            fw = w.array_writer(rel, src.dtype, src.shape[1:], expected_rows=n, chunk_rows=src.chunk_rows)
-            feat_passes += _permute_rows(src, perm, inv, fw, budget, spool_dir=w.tmp / "_spool")
-            w.finish_array(fw)
-        shutil.rmtree(w.tmp / "_spool", ignore_errors=True)
-        if ds.has("labels"):
-            w.write_array("labels", ds.raw(ARRAY_NAMES["labels"]).read_all()[perm])  # not cached in ds
-        for s in ("train", "valid", "test"):
-            if ds.has(s):
-                w.write_array(s, np.sort(inv[ds.split(s)]))
-        w.write_array("partition_offsets", offsets)
-        for rel in _VERBATIM:
-            if rel in ds.manifest["arrays"]:
-                w.write_array(rel, ds.raw(rel).read_all())
-        orig = ds.raw("nodes/perm").read_all()[perm] if ds.has("nodes/perm") else perm
-        w.write_array("nodes/perm", orig.astype(np.int64, copy=False))
-        del orig, perm, inv  # node-sized, not needed by the buckets or the commit's checks
-        # --- edge buckets (i -> j) stored destination-major: bucket (i, j) at index j * P + i
+        topo_passes, feat_passes = _write_reordered(ds, plan, w)
         if edge_buckets:
-            new_indices = RawArray(w.arrays_root / ARRAY_NAMES["indices"])
-            sw = w.array_writer("partitions/buckets/src", old_indices.dtype, (),
-                                expected_rows=old_indices.shape[0])
-            dw = w.array_writer("partitions/buckets/dst", old_indices.dtype, (),
-                                expected_rows=old_indices.shape[0])
-            boff = np.zeros(num_parts * num_parts + 1, dtype=np.int64)
-            for j in range(num_parts):
-                a, b = int(offsets[j]), int(offsets[j + 1])
-                ea, eb = int(new_indptr[a]), int(new_indptr[b])
-                # the partition's lists, its bucket sources and destinations, one more writer chunk
-                if (eb - ea) * 3 * old_indices.dtype.itemsize + max(chunk_bytes) > budget:
-                    raise ValueError(f"partition {j} has {eb - ea:,} in-edges, more than the memory "
-                                     f"budget {format_bytes(budget)} holds for edge buckets; use more "
-                                     "partitions, a larger --memory-budget or --no-edge-buckets")
-                idx = new_indices.read(ea, eb)
-                so = np.empty(eb - ea, dtype=old_indices.dtype)
-                do = np.empty(eb - ea, dtype=old_indices.dtype)
-                counts = bucket_sort_block(new_indptr[a:b + 1], idx, a, offsets, num_parts, so, do)
-                boff[j * num_parts + 1:(j + 1) * num_parts + 1] = ea + np.cumsum(counts)
-                sw.append(so)
-                dw.append(do)
-            new_indices.close()
-            del idx, so, do
-            w.finish_array(sw)
-            w.finish_array(dw)
-            w.write_array("partitions/buckets/offsets", boff)
+            _write_buckets(w, plan.new_indptr, plan.offsets, plan.num_parts, plan.index_dtype,
+                           plan.group_budget, plan.chunk_bytes)
+        new_indptr = plan.new_indptr
+        plan.new_indptr = None
         del new_indptr
-        man = {k: v for k, v in ds.manifest.items()
-               if k not in ("format_version", "created", "tool", "tool_version", "sources", "arrays")}
-        summary = result.summary()
-        summary.update(rewrite_seconds=time.perf_counter() - t0, topology_passes=topo_passes,
-                       feature_passes=feat_passes, edge_buckets=edge_buckets)
-        man["partitioning"] = summary
+        man = _rewrite_manifest(ds, result, time.perf_counter() - t0, topo_passes, feat_passes,
+                                edge_buckets)
         return w.commit(**man)
 
 
