@@ -814,19 +814,43 @@ def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overw
         return w.commit(**man)
 
 
-def partition_dataset(path: str | Path, num_parts: int, method: str = "metis",
+#: ``footprint`` choices of :func:`partition_dataset` (in place only).
+FOOTPRINTS = ("auto", "low", "copy")
+#: Margin on the disk estimates of :func:`ooc.partition_inplace.disk_estimate` (5% + 64 MiB).
+_DISK_MARGIN = 1.05
+_DISK_SLACK = 64 << 20
+
+
+def partition_dataset(path: str | Path, num_parts: int | None, method: str = "metis",
                       out: str | Path | None = None, seed: int = 0, balance_train: bool = True,
                       passes: int = 2, objective: str = "fennel", memory_budget: int | str = "2GB",
                       edge_buckets: bool = True, tol: float = 0.05,
-                      overwrite: bool = False) -> tuple[Path, PartitionResult]:
+                      overwrite: bool = False, footprint: str = "auto",
+                      resume: bool = False) -> tuple[Path, PartitionResult]:
     """Partition a dataset and rewrite it in partition order (``ooc partition``).
 
-    ``out=None`` rewrites the dataset in place (atomically: the old one is replaced only once the
-    new one is complete); an existing ``out`` elsewhere is replaced only with ``overwrite``.  The ids the assignment refers to are the dataset's current ids; the
-    original ids stay reachable through ``nodes/perm``.
+    With ``out`` (a directory elsewhere) the source is only read and the new dataset is written
+    beside it and renamed into place (an existing ``out`` is replaced only with ``overwrite``).
+
+    ``out=None`` rewrites the dataset in place, by one of two paths (``footprint``):
+
+    - ``copy``: a complete new dataset beside the old one, renamed over it at the end: the old
+      dataset stays whole until then (a run killed at any point leaves it as it was), but the disk
+      holds both copies and the feature spool at the peak (~2x the dataset, more with buckets);
+    - ``low``: :mod:`ooc.partition_inplace`: the old feature chunks are consumed as they are
+      spooled, peak about ``1.1-1.3x`` the dataset (see there); a run killed after the consumption
+      began leaves a journal from which ``ooc partition DS --resume`` (or the same command again)
+      finishes the rewrite, and until then the dataset refuses to open, naming that command;
+    - ``auto`` (default): ``copy`` when the file system has room for it
+      (:func:`ooc.partition_inplace.disk_estimate`, +5% + 64 MiB), else ``low`` (with a warning).
+
+    ``resume`` finishes an interrupted in-place rewrite with the arguments it was started with
+    (the others are ignored; ``num_parts`` may be None).  The ids the assignment refers to are the
+    dataset's current ids; the original ids stay reachable through ``nodes/perm``.
 
     Returns:
-        ``(path of the rewritten dataset, PartitionResult)``.
+        ``(path of the rewritten dataset, PartitionResult)``; ``result.extra["footprint"]`` says
+        which path ran (``copy`` / ``low``; ``resumed`` for a finished interrupted rewrite).
 
     Locks: in place, the dataset's exclusive lock for the whole run (a training run reading it makes
     this fail at once, naming it, and the other way round); with ``out``, the source's shared lock
@@ -834,30 +858,96 @@ def partition_dataset(path: str | Path, num_parts: int, method: str = "metis",
 
     Raises:
         ValueError: bad method or part count, METIS over ``memory_budget`` or failing its balance
-            check (all before anything is written), unknown arrays.
+            check (all before anything is written), unknown arrays; the file system has room for
+            neither path (sizes named, nothing written); an interrupted rewrite with other
+            arguments is pending (``--resume`` named); ``resume`` with nothing to resume or with
+            ``out``.
+        DatasetError: the source is damaged, or (with ``out``) an in-place rewrite of it is
+            pending.
         LockError: another process reads or writes the dataset (or ``out``).
         FileExistsError: ``out`` exists without ``overwrite``, or is not an ooc dataset.
     """
+    from ooc.partition_inplace import ARG_KEYS, discard_prepared, finish_rewrite
+    from ooc.storage.dataset import pending_rewrite
+    if footprint not in FOOTPRINTS:
+        raise ValueError(f"unknown footprint {footprint!r}; choose from {', '.join(FOOTPRINTS)}")
     target = Path(out) if out is not None else Path(path)
     same = target.absolute() == Path(path).absolute()
+    if resume and not same:
+        raise ValueError("--resume finishes an interrupted in-place rewrite; it takes no --out")
+    args = {"num_parts": num_parts, "method": method, "seed": seed, "balance_train": balance_train,
+            "passes": passes, "objective": objective, "edge_buckets": edge_buckets, "tol": tol,
+            "memory_budget": memory_budget}
     # in place: nobody may read (train on) the dataset while it is rewritten; else it is only read
     lock = PathLock(path, exclusive=same, what="dataset",
                     purpose="partition in place" if same else "partition").acquire()
     try:
-        return _partition(path, num_parts, method, target, same, seed, balance_train, passes,
-                          objective, memory_budget, edge_buckets, tol, overwrite)
+        if same:
+            j = pending_rewrite(path)
+            if j is not None and j.get("phase") != "prepare":
+                if not resume and any(j["args"].get(k) != args[k] for k in ARG_KEYS):
+                    was = " ".join(f"{k}={j['args'].get(k)}" for k in ARG_KEYS)
+                    raise ValueError(f"{path}: an interrupted in-place `ooc partition` ({was}) must "
+                                     f"finish first: run `ooc partition {path} --resume`")
+                log.warning("%s: finishing the interrupted in-place rewrite (phase %s)", path, j["phase"])
+                new, res = finish_rewrite(path)
+                res.extra["footprint"] = "resumed"
+                return new, res
+            if resume:
+                if j is None:
+                    raise ValueError(f"{path}: no interrupted in-place `ooc partition` to resume")
+                args = dict(j["args"])  # killed while preparing (the source whole): run it again
+                footprint = "low"
+            discard_prepared(path)
+        elif num_parts is None:
+            raise ValueError("--parts is required")
+        if args["num_parts"] is None:
+            raise ValueError("--parts is required (unless --resume)")
+        return _partition(path, args["num_parts"], args["method"], target, same, args["seed"],
+                          args["balance_train"], args["passes"], args["objective"],
+                          args["memory_budget"], args["edge_buckets"], args["tol"], overwrite,
+                          footprint, args)
     finally:
         lock.release()
 
 
+def _choose_footprint(ds: Dataset, footprint: str, edge_buckets: bool) -> str:
+    """``copy`` or ``low`` for an in-place rewrite (see :func:`partition_dataset`).
+
+    Raises:
+        ValueError: the file system holds room for neither (before anything is written).
+    """
+    from ooc.partition_inplace import disk_estimate
+    est = disk_estimate(ds, edge_buckets)
+    free = shutil.disk_usage(ds.path).free
+    fits = {k: free >= est[f"{k}_extra"] * _DISK_MARGIN + _DISK_SLACK for k in ("copy", "low")}
+    if footprint == "auto":
+        footprint = "copy" if fits["copy"] else "low"
+        if footprint == "low":
+            log.warning("%s: %s free, a copy rewrite needs %s: rewriting in place with the low disk "
+                        "footprint (%s more); if interrupted, the dataset is unusable until "
+                        "`ooc partition %s --resume` finishes it", ds.path, format_bytes(free),
+                        format_bytes(est["copy_extra"]), format_bytes(est["low_extra"]), ds.path)
+    if footprint == "copy":
+        return "copy"
+    if not fits["low"]:
+        raise ValueError(f"{ds.path}: not enough disk to partition in place: {format_bytes(free)} free, "
+                         f"the low-footprint rewrite needs about {format_bytes(est['low_extra'])} more "
+                         f"than the dataset's {format_bytes(est['source'])} (a copy "
+                         f"{format_bytes(est['copy_extra'])}); nothing was written")
+    return "low"
+
+
 def _partition(path: str | Path, num_parts: int, method: str, target: Path, same: bool, seed: int,
                balance_train: bool, passes: int, objective: str, memory_budget: int | str,
-               edge_buckets: bool, tol: float, overwrite: bool) -> tuple[Path, PartitionResult]:
+               edge_buckets: bool, tol: float, overwrite: bool, footprint: str = "copy",
+               args: dict | None = None) -> tuple[Path, PartitionResult]:
     if not same:
         check_replaceable(target.absolute(), overwrite)  # before any work
     ds = Dataset(path, verify="checksums")  # a corrupt source is never rewritten under new checksums
     try:
         check_num_parts(ds.num_nodes, num_parts)
+        path_kind = _choose_footprint(ds, footprint, edge_buckets) if same else "copy"
         if method == "metis":
             need = metis_memory_estimate(ds.num_nodes, ds.num_edges)
             budget = parse_bytes(memory_budget)
@@ -873,8 +963,14 @@ def _partition(path: str | Path, num_parts: int, method: str, target: Path, same
         res = partition_nodes(ds.indptr, topo, ds.num_nodes, num_parts, method, train, seed=seed,
                               balance_train=balance_train, passes=passes, objective=objective,
                               tol=tol, block_edges=block)
-        new = reorder_dataset(ds, res, target, overwrite=same or overwrite,
-                              memory_budget=memory_budget, edge_buckets=edge_buckets)
+        if path_kind == "low":
+            from ooc.partition_inplace import rewrite_in_place
+            res.extra["footprint"] = "low"
+            new = rewrite_in_place(ds, res, args or {}, memory_budget, edge_buckets)
+        else:
+            res.extra["footprint"] = "copy"
+            new = reorder_dataset(ds, res, target, overwrite=same or overwrite,
+                                  memory_budget=memory_budget, edge_buckets=edge_buckets)
     finally:
         ds.close()
     return new, res

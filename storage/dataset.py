@@ -162,6 +162,7 @@ def pending_rewrite_error(path: str | os.PathLike, journal: dict) -> str:
     where = {"consume": f"{done} of {total} feature chunks moved to its spool",
              "place": f"features spooled, {journal.get('placed_groups', 0)} of "
                       f"{journal.get('num_groups', 0)} groups placed",
+             "place-done": "features placed, catalog being written",
              "commit": "complete, being swapped in"}.get(journal.get("phase"), journal.get("phase"))
     return (f"{path}: an in-place `ooc partition` of this dataset was interrupted after it began "
             f"consuming the old files ({where}); the dataset cannot be read until the rewrite "
