@@ -100,7 +100,7 @@ def disk_estimate(ds: Dataset, edge_buckets: bool) -> dict[str, int]:
         docstring), "low_peak": S + low_extra}``, all in bytes.
     """
     usage = ds.disk_usage()
-    s = sum(usage.values())
+    s = _dir_bytes(ds.path)  # every file (Zarr group metadata too)
     f = usage.get(_FEATURES, 0)
     b_old = sum(usage.get(rel, 0) for rel in _BUCKET_NAMES)
     b_new = 2 * ds.num_edges * ds.raw("indices").dtype.itemsize if edge_buckets else 0
