@@ -58,7 +58,6 @@ from ooc.storage.dataset import (ARRAY_NAMES, REWRITE_DIR, REWRITE_JOURNAL, Data
                                  DatasetStage, pending_rewrite)
 from ooc.storage.rawarray import RawArray, _array_metadata
 from ooc.util.files import fsync_dir, write_json_atomic
-from ooc.util.sizes import format_bytes
 
 __all__ = ["rewrite_in_place", "finish_rewrite", "disk_estimate", "discard_prepared",
            "JOURNAL_VERSION", "SLACK_FRACTION"]
@@ -356,6 +355,8 @@ def _consume(path: Path, journal: _Journal, stage: DatasetStage, assign: np.ndar
     for p, length in zip(paths, j["spool_bytes"]):
         with open(p, "ab") as f:
             f.truncate(length)
+    if paths:
+        fsync_dir(paths[0].parent)  # the spool files' names durable before a batch is journaled
     start = j["consumed_chunks"]
     for c in range(start):  # recorded as consumed; a kill may have come before their deletion
         (src_dir / key(c)).unlink(missing_ok=True)
@@ -478,6 +479,7 @@ def _place(path: Path, journal: _Journal, assign: np.ndarray) -> None:
             lo, hi = max(g0, c * cr), min(g1, (c + 1) * cr)
             f = dest / key(c)
             f.parent.mkdir(parents=True, exist_ok=True)
+            created = not f.exists()
             fd = os.open(f, os.O_WRONLY | os.O_CREAT, 0o644)
             try:
                 if os.fstat(fd).st_size != chunk_bytes:
@@ -489,6 +491,11 @@ def _place(path: Path, journal: _Journal, assign: np.ndarray) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            if created:  # the file's name durable before the journal counts on it
+                for d in (f.parent, *f.parent.parents):
+                    fsync_dir(d)
+                    if d == dest:
+                        break
             end = min((c + 1) * cr, n)
             if end <= g1:  # the chunk is complete: its checksum
                 h = hashlib.blake2b(digest_size=16)
@@ -545,10 +552,3 @@ def _swap(path: Path, root: Path) -> None:
     fsync_dir(root)
     shutil.rmtree(root)
     fsync_dir(path)
-
-
-def describe(estimate: dict[str, int]) -> str:
-    """One line of the disk estimate (bytes formatted)."""
-    return (f"source {format_bytes(estimate['source'])}, copy rewrite needs "
-            f"{format_bytes(estimate['copy_extra'])} more, low-footprint "
-            f"{format_bytes(estimate['low_extra'])} more")
