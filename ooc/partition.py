@@ -25,7 +25,10 @@ and, optionally, the edge buckets ``partitions/buckets/{src,dst,offsets}``: all 
 (its topology, the CSC slice ``indptr[offsets[p]] .. indptr[offsets[p+1]]``) are one contiguous
 range of ``topology/indices``, so a partition's features and topology load with sequential reads.
 The rewrite streams: node arrays and the CSC are produced in groups of new ids that fit the memory
-budget, each group filled by one sequential scan over the old arrays.
+budget, each group filled by one sequential scan over the old arrays.  It writes a whole new dataset
+beside the source (peak disk ~2x the dataset); in place, :mod:`ooc.partition_inplace` rewrites with a
+peak of about 1.1x instead, consuming the old feature chunks (``footprint`` of
+:func:`partition_dataset`).
 """
 
 from __future__ import annotations

@@ -23,14 +23,16 @@ ARGS = ["--parts", "4", "--method", "stream", "--memory-budget", "16MB"]
 
 
 def make(path: Path, n: int = 20_000, m: int = 100_000, d: int = 32, chunk_rows: int = 512,
-         seed: int = 0, node_type: bool = False) -> Path:
+         seed: int = 0, node_type: bool = False, features: bool = True) -> Path:
     """A graph whose features (20,000 x 32 float32 = 2.6 MB, 40 chunks of 64 KiB) are most of it."""
     rng = np.random.default_rng(seed)
     ip, ix = build_csc(rng.integers(0, n, m), rng.integers(0, n, m), n)
     with DatasetWriter(path) as w:
         w.write_array("indptr", ip)
         w.write_array("indices", ix)
-        w.write_array("features", rng.standard_normal((n, d)).astype(np.float32), chunk_rows=chunk_rows)
+        x = rng.standard_normal((n, d)).astype(np.float32)
+        if features:
+            w.write_array("features", x, chunk_rows=chunk_rows)
         w.write_array("labels", rng.integers(0, 3, n).astype(np.int32))
         w.write_array("train", np.arange(0, n, 3))
         w.write_array("valid", np.arange(1, n, 3))
@@ -77,6 +79,13 @@ def test_low_footprint_equals_copy(tmp_path: Path, buckets: bool) -> None:
     a_args = ["--parts", "3", "--method", "random", "--memory-budget", "16MB", *extra]
     assert main(["partition", str(a), *a_args, "--footprint", "low"]) == 0
     assert main(["partition", str(b), *a_args, "--footprint", "copy"]) == 0
+    same_dataset(a, b)
+
+
+def test_low_footprint_without_features(tmp_path: Path) -> None:
+    a, b = make(tmp_path / "a", features=False), make(tmp_path / "b", features=False)
+    assert main(["partition", str(a), *ARGS, "--footprint", "low"]) == 0
+    assert main(["partition", str(b), *ARGS, "--footprint", "copy"]) == 0
     same_dataset(a, b)
 
 
@@ -145,7 +154,7 @@ def test_sigkill_then_resume_gives_the_same_dataset(tmp_path: Path, copy_result:
     if point == "rewrite-topology":
         assert Dataset(ds).check_structure() == []  # untouched
         assert pending_rewrite(ds)["phase"] == "prepare"
-        assert main(["partition", str(ds), *ARGS, "--footprint", "low"]) == 0
+        assert main(["partition", str(ds), "--resume"]) == 0  # runs it again, with its arguments
     else:
         with pytest.raises(DatasetError, match=rf"interrupted.*`ooc partition {ds} --resume`"):
             Dataset(ds)
