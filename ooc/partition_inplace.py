@@ -14,27 +14,30 @@ in ``DS/.rewrite/`` (:data:`~ooc.storage.dataset.REWRITE_DIR`):
 2. **consume**: the journal (``.rewrite/journal.json``, replaced atomically and fsynced) now says the
    source is being consumed; from here the dataset refuses to open (:class:`Dataset` raises
    :class:`DatasetError` naming ``ooc partition DS --resume``).  The old non-feature arrays are
-   deleted (their new copies are durable), the edge buckets are written from the new topology,
-   then the feature chunks are read in order, in batches of about 1/16 of the features: each row
-   is appended to the spool file of its group of new ids, the spool files are fsynced, the journal
-   records their lengths and the batch, and only then are the batch's source chunk files deleted.
-   A restart truncates the spool files to the journal's lengths and continues with the next batch.
+   deleted (their new copies are durable), then the feature chunks are read in order, in batches
+   of about 1/16 of the features: each row is appended to the spool file of its group of new ids,
+   the spool files are fsynced, the journal records their lengths and the batch, and only then are
+   the batch's source chunk files deleted.  A restart truncates the spool files to the journal's
+   lengths and continues with the next batch.
 3. **place**: each group (at most 1/16 of the features and within the memory budget) is read back,
    put in new-id order and written with ``pwrite`` into the destination chunk files at its rows'
    offsets (so a group need not align with chunks and placing it twice writes the same bytes),
    fsynced; the journal records the group and the checksums of the chunks it completed; then its
    spool file is deleted.
-4. **commit**: the features' ``zarr.json`` and the catalog are written in ``.rewrite/new/`` and
+4. **buckets and commit**: the edge buckets are written from the new topology (the spool is gone by
+   then), the features' ``zarr.json`` and the catalog are written in ``.rewrite/new/`` and
    fsynced, the journal says ``commit``, ``arrays.zarr`` and ``catalog.lmdb`` are swapped with the
    new ones (each swap redone by a restart if it was cut), then the journal is deleted and the
    folder removed.
 
-Disk at the peak, for a source of ``S`` bytes with ``F`` bytes of features, ``R = S - F - B_old``
-bytes of other arrays (topology, labels, ...; ``B_old`` its edge buckets, if it has any) and
-``B`` bytes of new edge buckets (two int arrays of the edge count): ``max(S + R, F + R + B +
-batch + group)`` with ``batch``, ``group`` <= ``max(F / 16, one chunk)`` each.  With the features
-most of the dataset that is about ``1.1-1.3 x S``; a dataset whose topology is most of it peaks
-near ``S + R`` (the topology is not consumed: its rewrite reads it at random).  The edge buckets are
+Disk at the peak, for a source of ``S`` bytes with ``F`` bytes of features, ``R`` bytes of new
+copies of the other arrays (topology, labels, splits, offsets, ``nodes/perm``; the source's old
+edge buckets, if any, are not rewritten but replaced) and ``B`` bytes of new edge buckets (two int
+arrays of the edge count): ``max(S + R, F + R + max(slack, B))`` + 4 bytes per node (the saved
+assignment), ``slack`` being one spool batch or one placement group (each at most
+``max(F / 16, one chunk)``) and two partly placed chunks.  With the features most of the dataset
+that is about ``1.1 x S``; a dataset whose topology is most of it peaks near ``S + R`` or ``F + R +
+B`` (the topology is not consumed: its rewrite reads the old lists at random).  The edge buckets are
 not excused: the peak is compared with the source's bytes, buckets included in the peak.
 
 The result is the same dataset as the copy path's (arrays and chunk checksums), whether the run
@@ -103,12 +106,14 @@ def disk_estimate(ds: Dataset, edge_buckets: bool) -> dict[str, int]:
     f = usage.get(_FEATURES, 0)
     b_old = sum(usage.get(rel, 0) for rel in _BUCKET_NAMES)
     b_new = 2 * ds.num_edges * ds.raw("indices").dtype.itemsize if edge_buckets else 0
-    rest = s - f - b_old
+    # the new copies of the other arrays: the old ones, less old buckets, plus a new nodes/perm
+    rest = s - f - b_old + (0 if ds.has("nodes/perm") else 8 * ds.num_nodes)
     slack = 0
-    if f:
+    if f:  # one spool batch or one placement group, and two partly placed destination chunks
         feat = ds.raw("features")
-        slack = 2 * max(int(f * SLACK_FRACTION), feat.chunk_bytes)
-    low_peak = max(s + rest, f + rest + b_new + slack)
+        slack = max(int(f * SLACK_FRACTION), feat.chunk_bytes) + 2 * feat.chunk_bytes
+    saved = 4 * ds.num_nodes + (64 << 10)  # assign.npy (int32 per node) and the journal
+    low_peak = max(s + rest, f + rest + max(slack, b_new)) + saved
     return {"source": s, "features": f, "copy_extra": (s - b_old + b_new) + f,
             "low_extra": low_peak - s, "low_peak": low_peak}
 
@@ -278,16 +283,14 @@ def finish_rewrite(path: str | os.PathLike) -> tuple[Path, PartitionResult]:
 def _finish(path: Path, root: Path, j: dict) -> tuple[Path, PartitionResult]:
     journal = _Journal(root, j)
     assign = np.load(root / "assign.npy")
-    if j["phase"] in ("consume", "place-done"):  # (not after: the new arrays are being swapped in)
-        stage = DatasetStage(root / "new", records=j["records"])
-        stage.sources = j["sources"]
     if j["phase"] == "consume":
-        _consume(path, journal, stage, assign)
+        _consume(path, journal, assign)
     if j["phase"] == "place":
         _place(path, journal, assign)
     if j["phase"] == "place-done":
         stage = DatasetStage(root / "new", records=j["records"])
         stage.sources = j["sources"]
+        _buckets(journal, stage)
         _finalize(path, journal, stage)
     if j["phase"] == "commit":
         _swap(path, root)
@@ -306,9 +309,9 @@ def _spool_paths(root: Path, k: int) -> list[Path]:
     return [root / "spool" / f"group-{g:05d}.bin" for g in range(k)]
 
 
-def _consume(path: Path, journal: _Journal, stage: DatasetStage, assign: np.ndarray) -> None:
-    """Phase consume: old non-feature arrays deleted, edge buckets written, features spooled with
-    each batch of source chunks deleted once durably spooled."""
+def _consume(path: Path, journal: _Journal, assign: np.ndarray) -> None:
+    """Phase consume: old non-feature arrays deleted, features spooled with each batch of source
+    chunks deleted once durably spooled."""
     j = journal.data
     root = journal.root
     old_arrays = path / "arrays.zarr"
@@ -319,19 +322,6 @@ def _consume(path: Path, journal: _Journal, stage: DatasetStage, assign: np.ndar
         if rel != _FEATURES:
             shutil.rmtree(old_arrays / rel, ignore_errors=True)
     _fault_point("low-disk-consume")
-    if not j["buckets_done"]:
-        for rel in _BUCKET_NAMES:  # a cut bucket pass starts over
-            shutil.rmtree(stage.arrays_root / rel, ignore_errors=True)
-            stage.records.pop(rel, None)
-        new_indptr = RawArray(stage.arrays_root / ARRAY_NAMES["indptr"]).read_all()
-        offsets = RawArray(stage.arrays_root / ARRAY_NAMES["partition_offsets"]).read_all()
-        _write_buckets(stage, new_indptr, offsets, j["num_parts"], np.dtype(j["index_dtype"]),
-                       j["group_budget"], j["chunk_bytes"])
-        del new_indptr
-        from ooc.util.files import fsync_tree
-        fsync_tree(stage.arrays_root / "partitions")
-        journal.save(records=stage.records, buckets_done=True)
-        _fault_point("low-disk-buckets")
     feat = j["feature"]
     if feat is None:
         journal.save(phase="place")
@@ -425,6 +415,25 @@ def _consume(path: Path, journal: _Journal, stage: DatasetStage, assign: np.ndar
     del blk_buf, rows_buf, inv
     shutil.rmtree(src_dir, ignore_errors=True)
     journal.save(phase="place")
+
+
+def _buckets(journal: _Journal, stage: DatasetStage) -> None:
+    """The edge buckets, from the new topology (after the features are placed: the spool and the
+    buckets are never on disk together); a cut pass starts over."""
+    j = journal.data
+    if not j["buckets_done"]:
+        for rel in _BUCKET_NAMES:  # a cut bucket pass starts over
+            shutil.rmtree(stage.arrays_root / rel, ignore_errors=True)
+            stage.records.pop(rel, None)
+        new_indptr = RawArray(stage.arrays_root / ARRAY_NAMES["indptr"]).read_all()
+        offsets = RawArray(stage.arrays_root / ARRAY_NAMES["partition_offsets"]).read_all()
+        _write_buckets(stage, new_indptr, offsets, j["num_parts"], np.dtype(j["index_dtype"]),
+                       j["group_budget"], j["chunk_bytes"])
+        del new_indptr
+        from ooc.util.files import fsync_tree
+        fsync_tree(stage.arrays_root / "partitions")
+        journal.save(records=stage.records, buckets_done=True)
+        _fault_point("low-disk-buckets")
 
 
 def _is_group(meta: Path) -> bool:
