@@ -114,7 +114,7 @@ def disk_estimate(ds: Dataset, edge_buckets: bool) -> dict[str, int]:
         slack = max(int(f * SLACK_FRACTION), feat.chunk_bytes) + 2 * feat.chunk_bytes
     saved = 4 * ds.num_nodes + (64 << 10)  # assign.npy (int32 per node) and the journal
     low_peak = max(s + rest, f + rest + max(slack, b_new)) + saved
-    return {"source": s, "features": f, "copy_extra": (s - b_old + b_new) + f,
+    return {"source": s, "features": f, "copy_extra": f + rest + b_new + f,
             "low_extra": low_peak - s, "low_peak": low_peak}
 
 

@@ -6,8 +6,10 @@ A thread sums, every ``--interval`` seconds, the bytes of every file under ``DAT
 hidden siblings ``.NAME.*`` (the copy path's ``.NAME.partial-*`` / ``.NAME.old-*``; the lock file is
 empty), both apparent (``st_size``) and allocated (``st_blocks`` x 512), while the command runs under
 ``/usr/bin/time`` (peak RSS).  Prints one JSON object: ``wall_s``, ``maxrss_kb``, ``source_*``,
-``peak_*``, ``end_*`` (bytes) and the peak over the source.  A sampler can miss a peak shorter than
-its interval; the rewrite's peaks last for a batch of chunks (seconds at GB scale).
+``peak_*``, ``end_*`` (bytes) and the peak over the source.  Files are counted once per sample by
+inode (a walk that meets a folder before and after a rename would count it twice).  A sampler can
+miss a peak shorter than its interval; the rewrite's peaks last for a batch of chunks (seconds at
+GB scale).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ def usage(ds: str) -> tuple[int, int]:
     roots = [ds] + [os.path.join(parent, e) for e in os.listdir(parent)
                     if e.startswith(f".{name}.") and not e.endswith(".lock")]
     app = alloc = 0
+    seen: set[tuple[int, int]] = set()  # a file renamed while the walk runs is met twice
     for r in roots:
         for dp, _dn, fn in os.walk(r):
             for f in fn:
@@ -34,6 +37,9 @@ def usage(ds: str) -> tuple[int, int]:
                     st = os.stat(os.path.join(dp, f))
                 except FileNotFoundError:  # deleted while listed
                     continue
+                if (st.st_dev, st.st_ino) in seen:
+                    continue
+                seen.add((st.st_dev, st.st_ino))
                 app += st.st_size
                 alloc += st.st_blocks * 512
     return app, alloc
