@@ -914,14 +914,14 @@ def partition_dataset(path: str | Path, num_parts: int | None, method: str = "me
         lock.release()
 
 
-def _choose_footprint(ds: Dataset, footprint: str, edge_buckets: bool) -> str:
+def _choose_footprint(ds: Dataset, footprint: str, edge_buckets: bool, num_parts: int = 0) -> str:
     """``copy`` or ``low`` for an in-place rewrite (see :func:`partition_dataset`).
 
     Raises:
         ValueError: the file system holds room for neither (before anything is written).
     """
     from ooc.partition_inplace import disk_estimate
-    est = disk_estimate(ds, edge_buckets)
+    est = disk_estimate(ds, edge_buckets, num_parts)
     free = shutil.disk_usage(ds.path).free
     fits = {k: free >= est[f"{k}_extra"] * _DISK_MARGIN + _DISK_SLACK for k in ("copy", "low")}
     if footprint == "auto":
@@ -950,7 +950,7 @@ def _partition(path: str | Path, num_parts: int, method: str, target: Path, same
     ds = Dataset(path, verify="checksums")  # a corrupt source is never rewritten under new checksums
     try:
         check_num_parts(ds.num_nodes, num_parts)
-        path_kind = _choose_footprint(ds, footprint, edge_buckets) if same else "copy"
+        path_kind = _choose_footprint(ds, footprint, edge_buckets, num_parts) if same else "copy"
         if method == "metis":
             need = metis_memory_estimate(ds.num_nodes, ds.num_edges)
             budget = parse_bytes(memory_budget)

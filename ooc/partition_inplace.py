@@ -59,7 +59,7 @@ from ooc.partition import (PartitionResult, _fault_point, _plan_rewrite, _rewrit
                            _write_buckets, _write_reordered, _GROUP_ID_BYTES, _BUCKET_NAMES)
 from ooc.storage.dataset import (ARRAY_NAMES, REWRITE_DIR, REWRITE_JOURNAL, Dataset, DatasetError,
                                  DatasetStage, pending_rewrite)
-from ooc.storage.rawarray import RawArray, _array_metadata
+from ooc.storage.rawarray import RawArray, _array_metadata, choose_chunk_rows
 from ooc.util.files import fsync_dir, write_json_atomic
 
 __all__ = ["rewrite_in_place", "finish_rewrite", "disk_estimate", "discard_prepared",
@@ -93,8 +93,13 @@ def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
-def disk_estimate(ds: Dataset, edge_buckets: bool) -> dict[str, int]:
+def disk_estimate(ds: Dataset, edge_buckets: bool, num_parts: int = 0) -> dict[str, int]:
     """Disk bytes the two rewrite paths need beside the dataset, from the sizes on disk.
+
+    Args:
+        ds: the source dataset.
+        edge_buckets: whether the rewrite writes ``partitions/buckets/*``.
+        num_parts: P (the bucket offsets hold P^2 + 1 int64; 0: not counted).
 
     Returns:
         ``{"source": S, "features": F, "copy_extra": bytes beyond S at the copy path's peak (a new
@@ -105,14 +110,23 @@ def disk_estimate(ds: Dataset, edge_buckets: bool) -> dict[str, int]:
     s = _dir_bytes(ds.path)  # every file (Zarr group metadata too)
     f = usage.get(_FEATURES, 0)
     b_old = sum(usage.get(rel, 0) for rel in _BUCKET_NAMES)
-    b_new = 2 * ds.num_edges * ds.raw("indices").dtype.itemsize if edge_buckets else 0
+    b_new = 0
+    if edge_buckets:  # two arrays of E ids in full chunks, and the offsets
+        item = ds.raw("indices").dtype.itemsize
+        rows = choose_chunk_rows(ds.num_edges, item)
+        b_new = 2 * -(-ds.num_edges // rows) * rows * item + 8 * (num_parts ** 2 + 1 if num_parts else 0)
     # the new copies of the other arrays: the old ones, less old buckets, plus a new nodes/perm
-    rest = s - f - b_old + (0 if ds.has("nodes/perm") else 8 * ds.num_nodes)
+    perm_rows = choose_chunk_rows(ds.num_nodes, 8)
+    new_perm = -(-ds.num_nodes // perm_rows) * perm_rows * 8  # int64 in full chunks
+    rest = s - f - b_old + (0 if ds.has("nodes/perm") else new_perm)
     slack = 0
     if f:  # one spool batch or one placement group, and two partly placed destination chunks
         feat = ds.raw("features")
         slack = max(int(f * SLACK_FRACTION), feat.chunk_bytes) + 2 * feat.chunk_bytes
-    saved = 4 * ds.num_nodes + (64 << 10)  # assign.npy (int32 per node) and the journal
+    # assign.npy (int32 per node); the journal (twice while replaced: ~60 B per feature chunk
+    # checksum) and the new arrays' Zarr metadata
+    chunks = ds.raw("features").num_chunks if f else 0
+    saved = 4 * ds.num_nodes + (64 << 10) + 128 * chunks + 2048 * (len(ds.manifest["arrays"]) + 4)
     low_peak = max(s + rest, f + rest + max(slack, b_new)) + saved
     return {"source": s, "features": f, "copy_extra": f + rest + b_new + f,
             "low_extra": low_peak - s, "low_peak": low_peak}
