@@ -58,9 +58,9 @@ import numpy as np
 from ooc.partition import (PartitionResult, _fault_point, _plan_rewrite, _rewrite_manifest,
                            _write_buckets, _write_reordered, _GROUP_ID_BYTES, _BUCKET_NAMES)
 from ooc.storage.dataset import (ARRAY_NAMES, REWRITE_DIR, REWRITE_JOURNAL, Dataset, DatasetError,
-                                 DatasetStage, pending_rewrite)
+                                 DatasetStage, pending_rewrite, pending_rewrite_error, read_manifest)
 from ooc.storage.rawarray import RawArray, _array_metadata, choose_chunk_rows
-from ooc.util.files import fsync_dir, write_json_atomic
+from ooc.util.files import fsync_dir, fsync_tree, write_json_atomic
 
 __all__ = ["rewrite_in_place", "finish_rewrite", "disk_estimate", "discard_prepared",
            "JOURNAL_VERSION", "SLACK_FRACTION"]
@@ -167,7 +167,6 @@ def discard_prepared(path: str | os.PathLike) -> bool:
         return False
     j = pending_rewrite(path)
     if j is not None and j.get("phase") != "prepare":
-        from ooc.storage.dataset import pending_rewrite_error
         raise DatasetError(pending_rewrite_error(path, j))
     shutil.rmtree(root)
     return True
@@ -234,7 +233,6 @@ def rewrite_in_place(ds: Dataset, result: PartitionResult, args: dict, memory_bu
             group, num_groups = 1, 0
         stage.sources = list(ds.manifest.get("sources", []))
         man = _rewrite_manifest(ds, result, 0.0, topo_passes, 1 if feature else 0, edge_buckets)
-        from ooc.util.files import fsync_tree
         fsync_tree(root)
         data = dict(journal.data, records=stage.records, manifest=man, sources=stage.sources,
                     feature=feature, group_rows=group, num_groups=num_groups,
@@ -331,7 +329,6 @@ def _consume(path: Path, journal: _Journal, assign: np.ndarray) -> None:
     old_arrays = path / "arrays.zarr"
     # the old non-feature arrays go: their new copies are durable (fsynced before the journal said
     # consume); the old catalog still lists them and is replaced at the commit
-    from ooc.storage.dataset import read_manifest
     for rel in read_manifest(path)["arrays"]:
         if rel != _FEATURES:
             shutil.rmtree(old_arrays / rel, ignore_errors=True)
@@ -444,7 +441,6 @@ def _buckets(journal: _Journal, stage: DatasetStage) -> None:
         _write_buckets(stage, new_indptr, offsets, j["num_parts"], np.dtype(j["index_dtype"]),
                        j["group_budget"], j["chunk_bytes"])
         del new_indptr
-        from ooc.util.files import fsync_tree
         fsync_tree(stage.arrays_root / "partitions")
         journal.save(records=stage.records, buckets_done=True)
         _fault_point("low-disk-buckets")
