@@ -25,7 +25,10 @@ and, optionally, the edge buckets ``partitions/buckets/{src,dst,offsets}``: all 
 (its topology, the CSC slice ``indptr[offsets[p]] .. indptr[offsets[p+1]]``) are one contiguous
 range of ``topology/indices``, so a partition's features and topology load with sequential reads.
 The rewrite streams: node arrays and the CSC are produced in groups of new ids that fit the memory
-budget, each group filled by one sequential scan over the old arrays.
+budget, each group filled by one sequential scan over the old arrays.  It writes a whole new dataset
+beside the source (peak disk ~2x the dataset); in place, :mod:`ooc.partition_inplace` rewrites with a
+peak of about 1.1x instead, consuming the old feature chunks (``footprint`` of
+:func:`partition_dataset`).
 """
 
 from __future__ import annotations
@@ -596,28 +599,30 @@ _GROUP_ID_BYTES = 32
 _MIN_GROUP_BYTES = 256 << 10
 
 
-def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overwrite: bool = False,
-                    memory_budget: int | str = "2GB", edge_buckets: bool = True) -> Path:
-    """Rewrite ``ds`` in partition order (see the module docstring) through :class:`DatasetWriter`.
+@dataclass
+class _Plan:
+    """What every rewrite of ``ds`` under an assignment needs, computed (and the memory budget
+    checked) before anything is written: see :func:`_plan_rewrite`."""
 
-    Args:
-        ds: the source dataset (may be the same directory as ``out`` with ``overwrite``).
-        result: the assignment of ``ds``'s node ids.
-        out: target directory; written atomically.
-        memory_budget: bytes (or ``"2GB"``) the rewrite may hold: the node-sized arrays it keeps
-            whole (assignment, permutation, inverse, old and new indptr: ~36 B per node) count
-            first, rewrite groups of rows / edges get the rest.
-        edge_buckets: also write ``partitions/buckets/*``.
+    n: int
+    num_parts: int
+    perm: np.ndarray | None          # int64 [N], perm[new] = old
+    inv: np.ndarray | None           # int64 [N], inv[old] = new
+    offsets: np.ndarray              # int64 [P+1]
+    new_indptr: np.ndarray           # int64 [N+1]
+    node_arrays: list[str]           # other nodes/* row arrays, permuted like the features
+    group_budget: int                # bytes for rewrite groups
+    held: int                        # bytes of the node-sized arrays held whole + one writer chunk
+    chunk_bytes: int                 # largest writer chunk (bytes)
+    index_dtype: np.dtype
 
-    Returns:
-        The new dataset's path.
+
+def _plan_rewrite(ds: Dataset, result: PartitionResult, memory_budget: int | str,
+                  edge_buckets: bool) -> _Plan:
+    """Permutation, new indptr and the split of the memory budget (see :func:`reorder_dataset`).
 
     Raises:
-        ValueError: the dataset holds an array whose layout this rewrite does not know (named), the
-            assignment does not match the dataset, the budget does not hold the node-sized arrays
-            plus 256 KiB of groups (before anything is written), or a destination partition's
-            in-edges exceed the budget while writing edge buckets.
-        FileExistsError: ``out`` exists and not ``overwrite``.
+        ValueError: see :func:`reorder_dataset` (all before anything is written).
     """
     budget = parse_bytes(memory_budget)  # as given: a budget too small is refused below, by its size
     n = ds.num_nodes
@@ -669,89 +674,186 @@ def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overw
             f"new indptr) and one output chunk ({format_bytes(held)} together) leave less than "
             f"{what}; use at least {format_bytes(-(-(held + need) // (1 << 20)) << 20)}; nothing was "
             "written")
-    budget = group_budget
     result.extra.update(held_bytes=held, group_bytes=group_budget)
+    return _Plan(n=n, num_parts=num_parts, perm=perm, inv=inv, offsets=offsets, new_indptr=new_indptr,
+                 node_arrays=node_arrays, group_budget=group_budget, held=held,
+                 chunk_bytes=max(chunk_bytes), index_dtype=old_indices.dtype)
+
+
+def _write_reordered(ds: Dataset, plan: _Plan, w, with_features: bool = True) -> tuple[int, int]:
+    """Write every rewritten array except the edge buckets into ``w`` (a
+    :class:`~ooc.storage.dataset.DatasetStage`): indptr, indices, the node arrays (``nodes/features``
+    only ``with_features``), labels, splits, offsets, PQ codebooks, ``nodes/perm``.
+
+    Drops ``plan.perm`` and ``plan.inv`` at the end (node-sized, not needed by the buckets).
+
+    Returns:
+        ``(topology groups, feature passes)``.
+    """
+    perm, inv, n = plan.perm, plan.inv, plan.n
+    budget = plan.group_budget
+    old_indices = ds.raw("indices")
+    w.write_array("indptr", plan.new_indptr)
+    # --- topology: groups of new destination ids whose in-edges fit the budget
+    iw = w.array_writer("indices", old_indices.dtype, (), expected_rows=old_indices.shape[0])
+    topo_passes = _permute_topology(ds.indptr, old_indices, plan.new_indptr, perm, inv, iw, budget)
+    w.finish_array(iw)
+    _fault_point("rewrite-topology")
+    # --- node arrays
+    feat_passes = 0
+    rels = [ARRAY_NAMES["features"]] if with_features else []
+    for rel in [*rels, *plan.node_arrays]:
+        if rel not in ds.manifest["arrays"]:
+            continue
+        src = ds.raw(rel)
+        fw = w.array_writer(rel, src.dtype, src.shape[1:], expected_rows=n, chunk_rows=src.chunk_rows)
+        feat_passes += _permute_rows(src, perm, inv, fw, budget, spool_dir=w.tmp / "_spool")
+        w.finish_array(fw)
+    shutil.rmtree(w.tmp / "_spool", ignore_errors=True)
+    if ds.has("labels"):
+        w.write_array("labels", ds.raw(ARRAY_NAMES["labels"]).read_all()[perm])  # not cached in ds
+    for s in ("train", "valid", "test"):
+        if ds.has(s):
+            w.write_array(s, np.sort(inv[ds.split(s)]))
+    w.write_array("partition_offsets", plan.offsets)
+    for rel in _VERBATIM:
+        if rel in ds.manifest["arrays"]:
+            w.write_array(rel, ds.raw(rel).read_all())
+    orig = ds.raw("nodes/perm").read_all()[perm] if ds.has("nodes/perm") else perm
+    w.write_array("nodes/perm", orig.astype(np.int64, copy=False))
+    del orig, perm, inv  # node-sized, not needed by the buckets or the commit's checks
+    plan.perm = plan.inv = None
+    return topo_passes, feat_passes
+
+
+def _write_buckets(w, new_indptr: np.ndarray, offsets: np.ndarray, num_parts: int,
+                   index_dtype: np.dtype, budget: int, chunk_bytes: int) -> None:
+    """Write ``partitions/buckets/{src,dst,offsets}`` into ``w`` from the new topology already in it.
+
+    Edge bucket ``(i -> j)`` is stored destination-major, at index ``j * P + i``.
+
+    Raises:
+        ValueError: a destination partition's in-edges (three int arrays of them and one writer
+            chunk) exceed ``budget`` bytes.
+    """
+    new_indices = RawArray(w.arrays_root / ARRAY_NAMES["indices"])
+    sw = w.array_writer("partitions/buckets/src", index_dtype, (), expected_rows=new_indices.shape[0])
+    dw = w.array_writer("partitions/buckets/dst", index_dtype, (), expected_rows=new_indices.shape[0])
+    boff = np.zeros(num_parts * num_parts + 1, dtype=np.int64)
+    idx = so = do = None
+    for j in range(num_parts):
+        a, b = int(offsets[j]), int(offsets[j + 1])
+        ea, eb = int(new_indptr[a]), int(new_indptr[b])
+        # the partition's lists, its bucket sources and destinations, one more writer chunk
+        if (eb - ea) * 3 * index_dtype.itemsize + chunk_bytes > budget:
+            raise ValueError(f"partition {j} has {eb - ea:,} in-edges, more than the memory "
+                             f"budget {format_bytes(budget)} holds for edge buckets; use more "
+                             "partitions, a larger --memory-budget or --no-edge-buckets")
+        idx = new_indices.read(ea, eb)
+        so = np.empty(eb - ea, dtype=index_dtype)
+        do = np.empty(eb - ea, dtype=index_dtype)
+        counts = bucket_sort_block(new_indptr[a:b + 1], idx, a, offsets, num_parts, so, do)
+        boff[j * num_parts + 1:(j + 1) * num_parts + 1] = ea + np.cumsum(counts)
+        sw.append(so)
+        dw.append(do)
+    new_indices.close()
+    del idx, so, do
+    w.finish_array(sw)
+    w.finish_array(dw)
+    w.write_array("partitions/buckets/offsets", boff)
+
+
+def _rewrite_manifest(ds: Dataset, result: PartitionResult, seconds: float, topo_passes: int,
+                      feat_passes: int, edge_buckets: bool) -> dict:
+    """Manifest fields of the rewritten dataset: the source's, plus ``partitioning``."""
+    man = {k: v for k, v in ds.manifest.items()
+           if k not in ("format_version", "created", "tool", "tool_version", "sources", "arrays")}
+    summary = result.summary()
+    summary.update(rewrite_seconds=seconds, topology_passes=topo_passes,
+                   feature_passes=feat_passes, edge_buckets=edge_buckets)
+    man["partitioning"] = summary
+    return man
+
+
+def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overwrite: bool = False,
+                    memory_budget: int | str = "2GB", edge_buckets: bool = True) -> Path:
+    """Rewrite ``ds`` in partition order (see the module docstring) through :class:`DatasetWriter`
+    into a new directory renamed over ``out`` at the end (the source stays whole until then; the
+    disk holds both copies and the feature spool at the peak: see
+    :mod:`ooc.partition_inplace` for the low-footprint in-place rewrite).
+
+    Args:
+        ds: the source dataset (may be the same directory as ``out`` with ``overwrite``).
+        result: the assignment of ``ds``'s node ids.
+        out: target directory; written atomically.
+        memory_budget: bytes (or ``"2GB"``) the rewrite may hold: the node-sized arrays it keeps
+            whole (assignment, permutation, inverse, old and new indptr: ~36 B per node) count
+            first, rewrite groups of rows / edges get the rest.
+        edge_buckets: also write ``partitions/buckets/*``.
+
+    Returns:
+        The new dataset's path.
+
+    Raises:
+        ValueError: the dataset holds an array whose layout this rewrite does not know (named), the
+            assignment does not match the dataset, the budget does not hold the node-sized arrays
+            plus 256 KiB of groups (before anything is written), or a destination partition's
+            in-edges exceed the budget while writing edge buckets.
+        FileExistsError: ``out`` exists and not ``overwrite``.
+    """
+    plan = _plan_rewrite(ds, result, memory_budget, edge_buckets)
     t0 = time.perf_counter()
     with DatasetWriter(out, overwrite=overwrite) as w:
         w.sources = list(ds.manifest.get("sources", []))
-        w.write_array("indptr", new_indptr)
-        # --- topology: groups of new destination ids whose in-edges fit the budget
-        iw = w.array_writer("indices", old_indices.dtype, (), expected_rows=old_indices.shape[0])
-        topo_passes = _permute_topology(old_indptr, old_indices, new_indptr, perm, inv, iw, budget)
-        w.finish_array(iw)
-        # --- node arrays
-        feat_passes = 0
-        for rel in [ARRAY_NAMES["features"], *node_arrays]:
-            if rel not in ds.manifest["arrays"]:
-                continue
-            src = ds.raw(rel)
-            fw = w.array_writer(rel, src.dtype, src.shape[1:], expected_rows=n, chunk_rows=src.chunk_rows)
-            feat_passes += _permute_rows(src, perm, inv, fw, budget, spool_dir=w.tmp / "_spool")
-            w.finish_array(fw)
-        shutil.rmtree(w.tmp / "_spool", ignore_errors=True)
-        if ds.has("labels"):
-            w.write_array("labels", ds.raw(ARRAY_NAMES["labels"]).read_all()[perm])  # not cached in ds
-        for s in ("train", "valid", "test"):
-            if ds.has(s):
-                w.write_array(s, np.sort(inv[ds.split(s)]))
-        w.write_array("partition_offsets", offsets)
-        for rel in _VERBATIM:
-            if rel in ds.manifest["arrays"]:
-                w.write_array(rel, ds.raw(rel).read_all())
-        orig = ds.raw("nodes/perm").read_all()[perm] if ds.has("nodes/perm") else perm
-        w.write_array("nodes/perm", orig.astype(np.int64, copy=False))
-        del orig, perm, inv  # node-sized, not needed by the buckets or the commit's checks
-        # --- edge buckets (i -> j) stored destination-major: bucket (i, j) at index j * P + i
+        topo_passes, feat_passes = _write_reordered(ds, plan, w)
         if edge_buckets:
-            new_indices = RawArray(w.arrays_root / ARRAY_NAMES["indices"])
-            sw = w.array_writer("partitions/buckets/src", old_indices.dtype, (),
-                                expected_rows=old_indices.shape[0])
-            dw = w.array_writer("partitions/buckets/dst", old_indices.dtype, (),
-                                expected_rows=old_indices.shape[0])
-            boff = np.zeros(num_parts * num_parts + 1, dtype=np.int64)
-            for j in range(num_parts):
-                a, b = int(offsets[j]), int(offsets[j + 1])
-                ea, eb = int(new_indptr[a]), int(new_indptr[b])
-                # the partition's lists, its bucket sources and destinations, one more writer chunk
-                if (eb - ea) * 3 * old_indices.dtype.itemsize + max(chunk_bytes) > budget:
-                    raise ValueError(f"partition {j} has {eb - ea:,} in-edges, more than the memory "
-                                     f"budget {format_bytes(budget)} holds for edge buckets; use more "
-                                     "partitions, a larger --memory-budget or --no-edge-buckets")
-                idx = new_indices.read(ea, eb)
-                so = np.empty(eb - ea, dtype=old_indices.dtype)
-                do = np.empty(eb - ea, dtype=old_indices.dtype)
-                counts = bucket_sort_block(new_indptr[a:b + 1], idx, a, offsets, num_parts, so, do)
-                boff[j * num_parts + 1:(j + 1) * num_parts + 1] = ea + np.cumsum(counts)
-                sw.append(so)
-                dw.append(do)
-            new_indices.close()
-            del idx, so, do
-            w.finish_array(sw)
-            w.finish_array(dw)
-            w.write_array("partitions/buckets/offsets", boff)
+            _write_buckets(w, plan.new_indptr, plan.offsets, plan.num_parts, plan.index_dtype,
+                           plan.group_budget, plan.chunk_bytes)
+        new_indptr = plan.new_indptr
+        plan.new_indptr = None
         del new_indptr
-        man = {k: v for k, v in ds.manifest.items()
-               if k not in ("format_version", "created", "tool", "tool_version", "sources", "arrays")}
-        summary = result.summary()
-        summary.update(rewrite_seconds=time.perf_counter() - t0, topology_passes=topo_passes,
-                       feature_passes=feat_passes, edge_buckets=edge_buckets)
-        man["partitioning"] = summary
+        man = _rewrite_manifest(ds, result, time.perf_counter() - t0, topo_passes, feat_passes,
+                                edge_buckets)
         return w.commit(**man)
 
 
-def partition_dataset(path: str | Path, num_parts: int, method: str = "metis",
+#: ``footprint`` choices of :func:`partition_dataset` (in place only).
+FOOTPRINTS = ("auto", "low", "copy")
+#: Margin on the disk estimates of :func:`ooc.partition_inplace.disk_estimate` (5% + 64 MiB).
+_DISK_MARGIN = 1.05
+_DISK_SLACK = 64 << 20
+
+
+def partition_dataset(path: str | Path, num_parts: int | None, method: str = "metis",
                       out: str | Path | None = None, seed: int = 0, balance_train: bool = True,
                       passes: int = 2, objective: str = "fennel", memory_budget: int | str = "2GB",
                       edge_buckets: bool = True, tol: float = 0.05,
-                      overwrite: bool = False) -> tuple[Path, PartitionResult]:
+                      overwrite: bool = False, footprint: str = "auto",
+                      resume: bool = False) -> tuple[Path, PartitionResult]:
     """Partition a dataset and rewrite it in partition order (``ooc partition``).
 
-    ``out=None`` rewrites the dataset in place (atomically: the old one is replaced only once the
-    new one is complete); an existing ``out`` elsewhere is replaced only with ``overwrite``.  The ids the assignment refers to are the dataset's current ids; the
-    original ids stay reachable through ``nodes/perm``.
+    With ``out`` (a directory elsewhere) the source is only read and the new dataset is written
+    beside it and renamed into place (an existing ``out`` is replaced only with ``overwrite``).
+
+    ``out=None`` rewrites the dataset in place, by one of two paths (``footprint``):
+
+    - ``copy``: a complete new dataset beside the old one, renamed over it at the end: the old
+      dataset stays whole until then (a run killed at any point leaves it as it was), but the disk
+      holds both copies and the feature spool at the peak (~2x the dataset, more with buckets);
+    - ``low``: :mod:`ooc.partition_inplace`: the old feature chunks are consumed as they are
+      spooled, peak about ``1.1-1.3x`` the dataset (see there); a run killed after the consumption
+      began leaves a journal from which ``ooc partition DS --resume`` (or the same command again)
+      finishes the rewrite, and until then the dataset refuses to open, naming that command;
+    - ``auto`` (default): ``copy`` when the file system has room for it
+      (:func:`ooc.partition_inplace.disk_estimate`, +5% + 64 MiB), else ``low`` (with a warning).
+
+    ``resume`` finishes an interrupted in-place rewrite with the arguments it was started with
+    (the others are ignored; ``num_parts`` may be None).  The ids the assignment refers to are the
+    dataset's current ids; the original ids stay reachable through ``nodes/perm``.
 
     Returns:
-        ``(path of the rewritten dataset, PartitionResult)``.
+        ``(path of the rewritten dataset, PartitionResult)``; ``result.extra["footprint"]`` says
+        which path ran (``copy`` / ``low``; ``resumed`` for a finished interrupted rewrite).
 
     Locks: in place, the dataset's exclusive lock for the whole run (a training run reading it makes
     this fail at once, naming it, and the other way round); with ``out``, the source's shared lock
@@ -759,30 +861,96 @@ def partition_dataset(path: str | Path, num_parts: int, method: str = "metis",
 
     Raises:
         ValueError: bad method or part count, METIS over ``memory_budget`` or failing its balance
-            check (all before anything is written), unknown arrays.
+            check (all before anything is written), unknown arrays; the file system has room for
+            neither path (sizes named, nothing written); an interrupted rewrite with other
+            arguments is pending (``--resume`` named); ``resume`` with nothing to resume or with
+            ``out``.
+        DatasetError: the source is damaged, or (with ``out``) an in-place rewrite of it is
+            pending.
         LockError: another process reads or writes the dataset (or ``out``).
         FileExistsError: ``out`` exists without ``overwrite``, or is not an ooc dataset.
     """
+    from ooc.partition_inplace import ARG_KEYS, discard_prepared, finish_rewrite
+    from ooc.storage.dataset import pending_rewrite
+    if footprint not in FOOTPRINTS:
+        raise ValueError(f"unknown footprint {footprint!r}; choose from {', '.join(FOOTPRINTS)}")
     target = Path(out) if out is not None else Path(path)
     same = target.absolute() == Path(path).absolute()
+    if resume and not same:
+        raise ValueError("--resume finishes an interrupted in-place rewrite; it takes no --out")
+    args = {"num_parts": num_parts, "method": method, "seed": seed, "balance_train": balance_train,
+            "passes": passes, "objective": objective, "edge_buckets": edge_buckets, "tol": tol,
+            "memory_budget": memory_budget}
     # in place: nobody may read (train on) the dataset while it is rewritten; else it is only read
     lock = PathLock(path, exclusive=same, what="dataset",
                     purpose="partition in place" if same else "partition").acquire()
     try:
-        return _partition(path, num_parts, method, target, same, seed, balance_train, passes,
-                          objective, memory_budget, edge_buckets, tol, overwrite)
+        if same:
+            j = pending_rewrite(path)
+            if j is not None and j.get("phase") != "prepare":
+                if not resume and any(j["args"].get(k) != args[k] for k in ARG_KEYS):
+                    was = " ".join(f"{k}={j['args'].get(k)}" for k in ARG_KEYS)
+                    raise ValueError(f"{path}: an interrupted in-place `ooc partition` ({was}) must "
+                                     f"finish first: run `ooc partition {path} --resume`")
+                log.warning("%s: finishing the interrupted in-place rewrite (phase %s)", path, j["phase"])
+                new, res = finish_rewrite(path)
+                res.extra["footprint"] = "resumed"
+                return new, res
+            if resume:
+                if j is None:
+                    raise ValueError(f"{path}: no interrupted in-place `ooc partition` to resume")
+                args = dict(j["args"])  # killed while preparing (the source whole): run it again
+                footprint = "low"
+            discard_prepared(path)
+        elif num_parts is None:
+            raise ValueError("--parts is required")
+        if args["num_parts"] is None:
+            raise ValueError("--parts is required (unless --resume)")
+        return _partition(path, args["num_parts"], args["method"], target, same, args["seed"],
+                          args["balance_train"], args["passes"], args["objective"],
+                          args["memory_budget"], args["edge_buckets"], args["tol"], overwrite,
+                          footprint, args)
     finally:
         lock.release()
 
 
+def _choose_footprint(ds: Dataset, footprint: str, edge_buckets: bool, num_parts: int = 0) -> str:
+    """``copy`` or ``low`` for an in-place rewrite (see :func:`partition_dataset`).
+
+    Raises:
+        ValueError: the file system holds room for neither (before anything is written).
+    """
+    from ooc.partition_inplace import disk_estimate
+    est = disk_estimate(ds, edge_buckets, num_parts)
+    free = shutil.disk_usage(ds.path).free
+    fits = {k: free >= est[f"{k}_extra"] * _DISK_MARGIN + _DISK_SLACK for k in ("copy", "low")}
+    if footprint == "auto":
+        footprint = "copy" if fits["copy"] else "low"
+        if footprint == "low":
+            log.warning("%s: %s free, a copy rewrite needs %s: rewriting in place with the low disk "
+                        "footprint (%s more); if interrupted, the dataset is unusable until "
+                        "`ooc partition %s --resume` finishes it", ds.path, format_bytes(free),
+                        format_bytes(est["copy_extra"]), format_bytes(est["low_extra"]), ds.path)
+    if footprint == "copy":
+        return "copy"
+    if not fits["low"]:
+        raise ValueError(f"{ds.path}: not enough disk to partition in place: {format_bytes(free)} free, "
+                         f"the low-footprint rewrite needs about {format_bytes(est['low_extra'])} more "
+                         f"than the dataset's {format_bytes(est['source'])} (a copy "
+                         f"{format_bytes(est['copy_extra'])}); nothing was written")
+    return "low"
+
+
 def _partition(path: str | Path, num_parts: int, method: str, target: Path, same: bool, seed: int,
                balance_train: bool, passes: int, objective: str, memory_budget: int | str,
-               edge_buckets: bool, tol: float, overwrite: bool) -> tuple[Path, PartitionResult]:
+               edge_buckets: bool, tol: float, overwrite: bool, footprint: str = "copy",
+               args: dict | None = None) -> tuple[Path, PartitionResult]:
     if not same:
         check_replaceable(target.absolute(), overwrite)  # before any work
     ds = Dataset(path, verify="checksums")  # a corrupt source is never rewritten under new checksums
     try:
         check_num_parts(ds.num_nodes, num_parts)
+        path_kind = _choose_footprint(ds, footprint, edge_buckets, num_parts) if same else "copy"
         if method == "metis":
             need = metis_memory_estimate(ds.num_nodes, ds.num_edges)
             budget = parse_bytes(memory_budget)
@@ -798,8 +966,14 @@ def _partition(path: str | Path, num_parts: int, method: str, target: Path, same
         res = partition_nodes(ds.indptr, topo, ds.num_nodes, num_parts, method, train, seed=seed,
                               balance_train=balance_train, passes=passes, objective=objective,
                               tol=tol, block_edges=block)
-        new = reorder_dataset(ds, res, target, overwrite=same or overwrite,
-                              memory_budget=memory_budget, edge_buckets=edge_buckets)
+        if path_kind == "low":
+            from ooc.partition_inplace import rewrite_in_place
+            res.extra["footprint"] = "low"
+            new = rewrite_in_place(ds, res, args or {}, memory_budget, edge_buckets)
+        else:
+            res.extra["footprint"] = "copy"
+            new = reorder_dataset(ds, res, target, overwrite=same or overwrite,
+                                  memory_budget=memory_budget, edge_buckets=edge_buckets)
     finally:
         ds.close()
     return new, res

@@ -37,8 +37,9 @@ from ooc.storage.catalog import FORMAT_VERSION, Catalog
 from ooc.storage.rawarray import RawArray, RawArrayWriter, write_array, write_group_metadata
 from ooc.storage.verify import read_verification, verifier_for
 
-__all__ = ["Dataset", "DatasetWriter", "ArrayGroupWriter", "DatasetError", "sha256_file", "ARRAY_NAMES",
-           "read_manifest", "is_dataset"]
+__all__ = ["Dataset", "DatasetWriter", "DatasetStage", "ArrayGroupWriter", "DatasetError", "sha256_file",
+           "ARRAY_NAMES", "read_manifest", "is_dataset", "pending_rewrite", "pending_rewrite_error",
+           "REWRITE_DIR", "REWRITE_JOURNAL"]
 
 ARRAY_NAMES = {
     "indptr": "topology/indptr",
@@ -122,7 +123,150 @@ def _slices(n: int, step: int) -> Iterator[tuple[int, int]]:
     return ((a, min(a + step, n)) for a in range(0, n, step))
 
 
-class DatasetWriter:
+#: Folder inside a dataset that a low-footprint in-place ``ooc partition`` works in (new arrays,
+#: spool files, its journal); see :func:`pending_rewrite`.
+REWRITE_DIR = ".rewrite"
+#: The journal of that rewrite, inside :data:`REWRITE_DIR`.
+REWRITE_JOURNAL = "journal.json"
+
+
+def pending_rewrite(path: str | os.PathLike) -> dict | None:
+    """The journal of an in-place ``ooc partition`` rewrite of the dataset at ``path``, or None.
+
+    The journal's ``phase`` is ``prepare`` while the source is untouched (the dataset opens as
+    usual), then ``consume`` / ``place`` / ``commit`` once source files were deleted: the dataset
+    is then incomplete until the rewrite finishes (``ooc partition PATH --resume``).
+
+    Raises:
+        DatasetError: the journal exists but is not valid JSON (never written torn: it is
+            replaced atomically; a damaged one is named).
+    """
+    import json
+    f = Path(path) / REWRITE_DIR / REWRITE_JOURNAL
+    try:
+        text = f.read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        j = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{f}: journal of an interrupted `ooc partition` is not valid JSON ({e})") \
+            from None
+    return j if isinstance(j, dict) else None
+
+
+def pending_rewrite_error(path: str | os.PathLike, journal: dict) -> str:
+    """The message naming an unfinished in-place rewrite and the command that finishes it."""
+    done = journal.get("consumed_chunks", 0)
+    total = journal.get("feature", {}).get("num_chunks", 0) if journal.get("feature") else 0
+    where = {"consume": f"{done} of {total} feature chunks moved to its spool",
+             "place": f"features spooled, {journal.get('placed_groups', 0)} of "
+                      f"{journal.get('num_groups', 0)} groups placed",
+             "place-done": "features placed, catalog being written",
+             "commit": "complete, being swapped in"}.get(journal.get("phase"), journal.get("phase"))
+    return (f"{path}: an in-place `ooc partition` of this dataset was interrupted after it began "
+            f"consuming the old files ({where}); the dataset cannot be read until the rewrite "
+            f"finishes: run `ooc partition {path} --resume` (or the same `ooc partition` command "
+            "again)")
+
+
+class DatasetStage:
+    """Arrays of a dataset being built in the folder ``root`` (``root/arrays.zarr``) and, at the
+    end, its catalog: the part of :class:`DatasetWriter` that neither locks nor renames.
+
+    Args:
+        root: the folder (created with its Zarr group if missing).
+        records: catalog records of arrays already written there (a resumed build).
+    """
+
+    def __init__(self, root: str | os.PathLike, records: dict[str, dict] | None = None) -> None:
+        self.tmp = Path(root)
+        self.arrays_root = self.tmp / "arrays.zarr"
+        if not (self.arrays_root / "zarr.json").exists():
+            write_group_metadata(self.arrays_root)
+        self.records: dict[str, dict] = dict(records or {})
+        self.sources: list[dict] = []
+
+    # ---------------------------------------------------------------- arrays
+    def _array_path(self, name: str) -> tuple[str, Path]:
+        rel = ARRAY_NAMES.get(name, name)
+        path = self.arrays_root / rel
+        # make intermediate Zarr groups
+        parent = path.parent
+        chain = []
+        while parent != self.arrays_root:
+            chain.append(parent)
+            parent = parent.parent
+        for g in reversed(chain):
+            if not (g / "zarr.json").exists():
+                write_group_metadata(g)
+        return rel, path
+
+    def array_writer(self, name: str, dtype: np.dtype | str, row_shape: tuple[int, ...] = (),
+                     expected_rows: int = 0, chunk_rows: int | None = None) -> RawArrayWriter:
+        """A streaming writer for array ``name`` (a key of :data:`ARRAY_NAMES` or a Zarr path).
+        Call :meth:`finish_array` with it when done."""
+        rel, path = self._array_path(name)
+        w = RawArrayWriter(path, dtype, row_shape, chunk_rows=chunk_rows, expected_rows=expected_rows)
+        w.name = rel  # type: ignore[attr-defined]
+        return w
+
+    def finish_array(self, writer: RawArrayWriter) -> None:
+        self.records[writer.name] = writer.close()  # type: ignore[attr-defined]
+
+    def write_array(self, name: str, data: np.ndarray, chunk_rows: int | None = None) -> None:
+        """Write a whole in-memory array."""
+        rel, path = self._array_path(name)
+        self.records[rel] = write_array(path, data, chunk_rows=chunk_rows)
+
+    def add_source(self, path: str | os.PathLike) -> None:
+        """Record an input file with its size and sha256 in the manifest."""
+        p = Path(path)
+        self.sources.append({"path": str(p.absolute()), "size": p.stat().st_size,
+                             "sha256": sha256_file(p)})
+
+    def write_catalog(self, target: Path, **manifest: Any) -> dict:
+        """Check the structure, write ``catalog.lmdb`` (manifest and checksums) and fsync the folder.
+
+        Args:
+            target: the dataset's final path (for messages).
+            **manifest: manifest fields (``name``, ``num_nodes``...).
+
+        Returns:
+            The manifest written.
+
+        Raises:
+            DatasetError: the structural checks fail.
+        """
+        man = {
+            "format_version": FORMAT_VERSION,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "tool": "ooc",
+            "tool_version": _tool_version(),
+            "sources": self.sources,
+        }
+        man.update(manifest)
+        man["arrays"] = {k: {kk: v[kk] for kk in ("shape", "dtype", "chunk_rows")}
+                         for k, v in self.records.items()}
+        ds = Dataset(self.tmp, _manifest=man)
+        problems = ds.check_structure()
+        ds.close()
+        if problems:
+            raise DatasetError(f"{target}: refusing to write an invalid dataset: " + "; ".join(problems))
+        cat = Catalog(self.tmp / "catalog.lmdb", readonly=False)
+        try:
+            items = {"manifest": man}
+            for k, rec in self.records.items():
+                items[f"checksums/{k}"] = rec["checksums"]
+            cat.put_many_json(items)
+            cat.sync()
+        finally:
+            cat.close()
+        fsync_tree(self.tmp)
+        return man
+
+
+class DatasetWriter(DatasetStage):
     """Build a dataset atomically.
 
     Use as a context manager; on an exception the partial directory is removed::
@@ -168,49 +312,8 @@ class DatasetWriter:
         self.tmp = self.out.parent / f".{self.out.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
         self.tmp.mkdir()
         register_partial(self.tmp)  # removed if a signal forces the process out
-        self.arrays_root = self.tmp / "arrays.zarr"
-        write_group_metadata(self.arrays_root)
-        self.records: dict[str, dict] = {}
-        self.sources: list[dict] = []
+        DatasetStage.__init__(self, self.tmp)
         self._done = False
-
-    # ---------------------------------------------------------------- arrays
-    def _array_path(self, name: str) -> tuple[str, Path]:
-        rel = ARRAY_NAMES.get(name, name)
-        path = self.arrays_root / rel
-        # make intermediate Zarr groups
-        parent = path.parent
-        chain = []
-        while parent != self.arrays_root:
-            chain.append(parent)
-            parent = parent.parent
-        for g in reversed(chain):
-            if not (g / "zarr.json").exists():
-                write_group_metadata(g)
-        return rel, path
-
-    def array_writer(self, name: str, dtype: np.dtype | str, row_shape: tuple[int, ...] = (),
-                     expected_rows: int = 0, chunk_rows: int | None = None) -> RawArrayWriter:
-        """A streaming writer for array ``name`` (a key of :data:`ARRAY_NAMES` or a Zarr path).
-        Call :meth:`finish_array` with it when done."""
-        rel, path = self._array_path(name)
-        w = RawArrayWriter(path, dtype, row_shape, chunk_rows=chunk_rows, expected_rows=expected_rows)
-        w.name = rel  # type: ignore[attr-defined]
-        return w
-
-    def finish_array(self, writer: RawArrayWriter) -> None:
-        self.records[writer.name] = writer.close()  # type: ignore[attr-defined]
-
-    def write_array(self, name: str, data: np.ndarray, chunk_rows: int | None = None) -> None:
-        """Write a whole in-memory array."""
-        rel, path = self._array_path(name)
-        self.records[rel] = write_array(path, data, chunk_rows=chunk_rows)
-
-    def add_source(self, path: str | os.PathLike) -> None:
-        """Record an input file with its size and sha256 in the manifest."""
-        p = Path(path)
-        self.sources.append({"path": str(p.absolute()), "size": p.stat().st_size,
-                             "sha256": sha256_file(p)})
 
     # ---------------------------------------------------------------- commit
     def commit(self, **manifest: Any) -> Path:
@@ -225,31 +328,8 @@ class DatasetWriter:
         Raises:
             DatasetError: the structural checks fail (nothing is left at the target path).
         """
-        man = {
-            "format_version": FORMAT_VERSION,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "tool": "ooc",
-            "tool_version": _tool_version(),
-            "sources": self.sources,
-        }
-        man.update(manifest)
         check_not_input(self.out, [src["path"] for src in self.sources])
-        man["arrays"] = {k: {kk: v[kk] for kk in ("shape", "dtype", "chunk_rows")}
-                         for k, v in self.records.items()}
-        ds = Dataset(self.tmp, _manifest=man)
-        problems = ds.check_structure()
-        if problems:
-            raise DatasetError(f"{self.out}: refusing to write an invalid dataset: " + "; ".join(problems))
-        cat = Catalog(self.tmp / "catalog.lmdb", readonly=False)
-        try:
-            items = {"manifest": man}
-            for k, rec in self.records.items():
-                items[f"checksums/{k}"] = rec["checksums"]
-            cat.put_many_json(items)
-            cat.sync()
-        finally:
-            cat.close()
-        fsync_tree(self.tmp)
+        self.write_catalog(self.out, **manifest)
         _fault_point("before-rename")
         if self.out.exists():
             trash = self.out.parent / f".{self.out.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
@@ -505,8 +585,10 @@ class Dataset:
             :func:`~ooc.storage.verify.read_verification` (``none`` unless a command set it).
 
     Raises:
-        DatasetError: not an ooc dataset (a file, no catalog, a damaged catalog or manifest), or a
-            format version this code cannot read.
+        DatasetError: not an ooc dataset (a file, no catalog, a damaged catalog or manifest), a
+            format version this code cannot read, or an in-place ``ooc partition`` was interrupted
+            after it began deleting the old files (:func:`pending_rewrite`; the message names
+            ``ooc partition PATH --resume``, which finishes it).
     """
 
     def __init__(self, path: str | os.PathLike, _manifest: dict | None = None,
@@ -521,6 +603,9 @@ class Dataset:
                 raise DatasetError(f"{self.path}: no such dataset directory")
             if not self.path.is_dir():
                 raise DatasetError(f"{self.path}: is a file, not a dataset directory")
+            journal = pending_rewrite(self.path)
+            if journal is not None and journal.get("phase") != "prepare":
+                raise DatasetError(pending_rewrite_error(self.path, journal))
             _manifest = read_manifest(self.path)
         self.manifest: dict = _manifest
         v = self.manifest.get("format_version")

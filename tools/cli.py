@@ -894,11 +894,13 @@ def main(argv: list[str] | None = None) -> int:
             OSError) as e:
         print(f"ooc {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"ooc {args.command}: interrupted; partial output removed", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        left = getattr(e, "left", None) or "partial output removed"
+        print(f"ooc {args.command}: interrupted; {left}", file=sys.stderr)
         return 130
     except Terminated as e:
-        print(f"ooc {args.command}: {e}; partial output removed", file=sys.stderr)
+        left = getattr(e, "left", None) or "partial output removed"
+        print(f"ooc {args.command}: {e}; {left}", file=sys.stderr)
         return 128 + e.signum
 
 

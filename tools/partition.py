@@ -10,16 +10,21 @@ __all__ = ["add_partition_parser"]
 def _cmd_partition(args: argparse.Namespace) -> int:
     from ooc.util.sizes import format_bytes, parse_bytes
     from ooc.partition import partition_dataset
+    if args.parts is None and not args.resume:
+        raise ValueError("--parts is required (unless --resume)")
     path, res = partition_dataset(args.dataset, args.parts, args.method, out=args.out, seed=args.seed,
                                   balance_train=not args.no_balance_train, passes=args.passes,
                                   objective=args.objective, memory_budget=args.memory_budget,
                                   edge_buckets=not args.no_edge_buckets, tol=args.tolerance,
-                                  overwrite=args.overwrite)
+                                  overwrite=args.overwrite, footprint=args.footprint,
+                                  resume=args.resume)
     print(res.format())
     held, group = res.extra.get("held_bytes"), res.extra.get("group_bytes")
     split = (f": {format_bytes(held)} held whole (index arrays, one output chunk), "
              f"{format_bytes(group)} for rewrite groups" if held is not None else "")
-    print(f"wrote {path} (memory budget {format_bytes(parse_bytes(args.memory_budget))}{split})")
+    how = {"low": ", in place with the low disk footprint",
+           "resumed": ", finishing the interrupted in-place rewrite"}.get(res.extra.get("footprint"), "")
+    print(f"wrote {path}{how} (memory budget {format_bytes(parse_bytes(args.memory_budget))}{split})")
     return 0
 
 
@@ -31,7 +36,8 @@ def add_partition_parser(sub: argparse._SubParsersAction) -> None:
                     "cut and sizes, and rewrite the dataset so each partition is a contiguous id range "
                     "(features, CSC, labels, splits, partitions/offsets, nodes/perm, edge buckets).")
     p.add_argument("dataset", help="dataset directory (rewritten in place unless --out)")
-    p.add_argument("--parts", type=int, required=True, help="number of partitions P (<= nodes)")
+    p.add_argument("--parts", type=int, default=None,
+                   help="number of partitions P (<= nodes); required unless --resume")
     p.add_argument("--method", choices=["random", "metis", "stream"], default="metis",
                    help="metis (in memory, best cut), stream (Fennel/LDG over the on-disk CSC, any "
                         "size), random (baseline); default: metis")
@@ -50,6 +56,15 @@ def add_partition_parser(sub: argparse._SubParsersAction) -> None:
                         "the rewrite groups (default: 2GB)")
     p.add_argument("--no-edge-buckets", action="store_true",
                    help="skip partitions/buckets/* (edges grouped by source and destination partition)")
+    p.add_argument("--footprint", choices=["auto", "low", "copy"], default="auto",
+                   help="in place: copy (a whole new dataset beside the old, renamed over it: the "
+                        "old stays whole until then; peak disk ~2x the dataset) or low (the old "
+                        "feature chunks consumed as they are spooled: peak ~1.1-1.3x; a run cut "
+                        "after it began is finished by --resume); auto: copy when the disk has "
+                        "room for it (default)")
+    p.add_argument("--resume", action="store_true",
+                   help="finish an interrupted in-place rewrite (the arguments it was started "
+                        "with are kept; the same command again does the same)")
     p.add_argument("--wait", action="store_true",
                    help="wait for processes using the dataset (a training run) instead of failing")
     p.set_defaults(func=_cmd_partition)

@@ -42,14 +42,21 @@ def fsync_tree(root: str | os.PathLike) -> None:
         fsync_dir(dirpath)
 
 
-def write_json_atomic(path: str | os.PathLike, obj: dict) -> None:
+def write_json_atomic(path: str | os.PathLike, obj: dict, durable: bool = False) -> None:
     """Write ``obj`` as indented JSON to ``path`` via a temporary sibling and a rename (never a
-    half-written file)."""
+    half-written file); with ``durable``, the file is fsynced before the rename and the folder
+    after it (the new content survives a power cut once this returns)."""
     path = Path(path)
     tmp = temp_sibling(path)
     try:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
+        with open(tmp, "w") as f:
+            f.write(json.dumps(obj, indent=2, sort_keys=True))
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
+        if durable:
+            fsync_dir(path.parent)
     finally:
         if tmp.exists():
             tmp.unlink()
