@@ -99,6 +99,10 @@ class TrainConfig:
     topology: str = _opt("memory", "data", "memory: load the CSC topology; mmap: map it; disk: keep only "
                          "indptr in memory and read neighbour lists with page-aligned reads",
                          choices=("memory", "mmap", "disk"))
+    hot_topology: str = _opt("", "data", "--topology disk: bytes of the topology kept in memory for "
+                             "the hottest nodes (most often drawn, per byte), e.g. 256MB; their "
+                             "lists are served from memory, the rest read from disk; counted in "
+                             "--memory-budget (empty or 0: none)")
     # out-of-core data path (see ooc.data.path)
     mode: str = _opt("exact", "data", "exact: full-graph sampling, misses via cache + batched reads; "
                      "buffer: sample inside resident partitions (MariusGNN); hybrid: seeds from resident "
@@ -430,6 +434,10 @@ def validate_data_options(cfg: "TrainConfig") -> None:
             parse_bytes(getattr(cfg, opt))
     if cfg.topology not in ("memory", "mmap", "disk"):
         raise ValueError(f"topology must be memory, mmap or disk, got {cfg.topology!r}")
+    if cfg.hot_topology and parse_bytes(cfg.hot_topology) and cfg.topology != "disk":
+        raise ValueError(f"--hot-topology {cfg.hot_topology} keeps the hottest lists of an on-disk "
+                         f"topology in memory: it needs --topology disk (with --topology "
+                         f"{cfg.topology} the whole topology is already {'in memory' if cfg.topology == 'memory' else 'mapped'})")
     if cfg.miss_features not in ("disk", "pq"):
         raise ValueError(f"miss_features must be disk or pq, got {cfg.miss_features!r}")
     if cfg.miss_features == "pq" and cfg.mode != "hybrid":

@@ -254,7 +254,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                 local_world: int = 1, share: bool = True, per_rank_extra: int = 0,
                 topology_edges: int | None = None, min_state: int = 1,
                 float_copy: bool | None = None, embedding: int = 0,
-                embedding_dim: int = 0, lookahead: int = 0, loop_counts: bool = True) -> BudgetPlan:
+                embedding_dim: int = 0, lookahead: int = 0, loop_counts: bool = True,
+                hot_topology: int = 0) -> BudgetPlan:
     """Split one machine's ``budget`` between topology, node arrays, batches in flight, sampler
     scratch, compressed rows (``compressed`` bytes of PQ codes, see :mod:`ooc.features.pq`),
     partition slots and the CPU row cache.
@@ -279,6 +280,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
             charged per rank (:func:`ooc.data.lookahead.lookahead_bytes`); 0 = none.
         loop_counts: the model reads each node's self-loop count (int32 [N] in memory,
             :func:`ooc.models.needs_loop_counts`).
+        hot_topology: bytes of an on-disk topology's hottest lists held in memory
+            (``--hot-topology``, :class:`ooc.storage.io.HotLists`), counted with the topology.
 
     Raises:
         ValueError: the budget cannot hold the fixed parts plus the minimum the mode needs (one
@@ -301,6 +304,7 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
         e = int(topology_edges)
     elif topology in ("memory", "mmap"):
         topo += e * idx_item
+    topo += int(hot_topology)
     nodes = 4 * n + 8 * sum(ds.split(s).shape[0] for s in ("train", "valid", "test"))
     # sampler workspaces of the loader and evaluation threads (N-sized for small graphs); the
     # miss reads' request staging (at most (io_depth + 8) x MISS_RUN_BYTES, 5 MiB by default) is

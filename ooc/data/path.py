@@ -56,7 +56,7 @@ from ooc.kernels.sampling import MiniBatch, excluded_edge_keys
 from ooc.models import needs_loop_counts, to_torch_blocks
 from ooc.sampling.samplers import NeighborSampler, Sampler, make_sampler, partition_clusters
 from ooc.storage.dataset import Dataset
-from ooc.storage.io import DiskRows, NeighborReader
+from ooc.storage.io import DiskRows, HotLists, NeighborReader
 from ooc.util.sizes import format_bytes, parse_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -407,7 +407,7 @@ class DataPath:
         if self.device_cache is not None:
             self.device_cache.reset_stats()
         for r in self.readers:
-            r.counters.bytes_read = 0
+            r.reset_stats()
         self.loader.stall_s = 0.0
 
     def device_cache_stats(self) -> dict:
@@ -436,8 +436,11 @@ class DataPath:
             self._setup = None
         d = st.as_dict()
         topo = sum(r.counters.bytes_read for r in self.readers)
+        d["topology_read_requests"] = sum(r.counters.requests for r in self.readers)
+        d["topology_hot_lists"] = sum(r.lists_hot for r in self.readers)
+        d["topology_disk_lists"] = sum(r.lists_disk for r in self.readers)
         for r in self.readers:
-            r.counters.bytes_read = 0
+            r.reset_stats()
         d["topology_bytes_read"] = topo
         d["bytes_read"] += topo
         d["approx_rows"] = d["approx_rows"] + self.misses.reset_stats()
@@ -507,7 +510,17 @@ def _topology(cfg: "TrainConfig", ds: Dataset, job: Job,
             indices = ds.raw("indices").mmap()
     reader = None
     if indices is None:
-        reader = NeighborReader(ds.raw("indices"), indptr, direct=cfg.direct_io)
+        reader = NeighborReader(ds.raw("indices"), indptr, direct=cfg.direct_io,
+                                threads=max(1, min(8, cfg.io_depth)), aio_depth=max(1, cfg.io_depth),
+                                gap=cfg.io_gap if cfg.direct_io else None)
+        hot = parse_bytes(cfg.hot_topology) if cfg.hot_topology and override is None else 0
+        if hot:  # the hottest lists in memory, one copy per machine
+            fo = -1 if min(cfg.fanouts) < 0 else max(cfg.fanouts)
+            reader.hot = HotLists.build(reader, hot, fo, lambda tag, shape, dtype, fill:
+                                        shared_array(job, tag, shape, dtype, fill))
+            log.info("hot topology: lists of %d nodes (%d edges) in memory, %s of %s",
+                     reader.hot.num_nodes, reader.hot.ids.shape[0], format_bytes(reader.hot.nbytes),
+                     format_bytes(hot))
         readers.append(reader)
     degrees = shared_array(job, "degrees", (indptr.shape[0] - 1,), np.int64,
                            lambda o: np.subtract(indptr[1:], indptr[:-1], out=o))
@@ -597,7 +610,8 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
                               min_state=2 if task == "link" else 1,
                               embedding=emb, embedding_dim=cfg.embedding,
                               topology_edges=topology_edges, lookahead=cfg.lookahead,
-                              loop_counts=needs_loop_counts(cfg.model))
+                              loop_counts=needs_loop_counts(cfg.model),
+                              hot_topology=parse_bytes(cfg.hot_topology) if cfg.hot_topology else 0)
     args = (cfg.mode, budget_bytes, ds, offsets, cfg.topology, cfg.batch_size, cfg.fanouts,
             cfg.prefetch, cfg.hidden, cfg.buffer_partitions, cache_size, cfg.cache_policy,
             cfg.ordering, cfg.eval_batch_size, cfg.eval_fanouts)
@@ -698,5 +712,7 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
             + graph.degrees.nbytes + (graph.loops.nbytes if graph.loops is not None else 0) \
             + (graph.indices.nbytes if cfg.topology == "memory" or
                                       topology is not None else 0) \
+            + (graph.reader.hot.nbytes if graph.reader is not None and graph.reader.hot is not None
+               else 0) \
             + (approx.codes.nbytes if approx is not None else 0)
     return data
