@@ -955,7 +955,7 @@ class NeighborReader:
     def __init__(self, indices: RawArray, indptr: np.ndarray, buffer_ids: int | None = None,
                  direct: bool = False, align: int = ALIGN, threads: int = 8, aio_depth: int = 32,
                  gap: int | None = None, hot: HotLists | None = None,
-                 chunk_edges: int = 1 << 18) -> None:
+                 chunk_edges: int = 1 << 17) -> None:
         self.indices = indices
         self.indptr = np.ascontiguousarray(indptr, dtype=np.int64)
         self.itemsize = indices.dtype.itemsize

@@ -30,6 +30,7 @@ Budget (``--memory-budget``, per machine): :func:`ooc.data.budget.plan_budget`; 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -510,8 +511,10 @@ def _topology(cfg: "TrainConfig", ds: Dataset, job: Job,
             indices = ds.raw("indices").mmap()
     reader = None
     if indices is None:
+        # buffered list reads are mostly page-cache hits (CPU-bound): at most a thread per core
         reader = NeighborReader(ds.raw("indices"), indptr, direct=cfg.direct_io,
-                                threads=max(1, min(8, cfg.io_depth)), aio_depth=max(1, cfg.io_depth),
+                                threads=max(1, min(8, cfg.io_depth, os.cpu_count() or 1)),
+                                aio_depth=max(1, cfg.io_depth),
                                 gap=cfg.io_gap if cfg.direct_io else None)
         hot = parse_bytes(cfg.hot_topology) if cfg.hot_topology and override is None else 0
         if hot:  # the hottest lists in memory, one copy per machine
