@@ -678,15 +678,52 @@ def _place_lists(ptr: np.ndarray, which: np.ndarray, src: np.ndarray, out: np.nd
         c += d
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _popcount(x: np.uint64) -> np.int64:
+    """Set bits of a 64-bit word (SWAR)."""
+    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return np.int64((x * np.uint64(0x0101010101010101)) >> np.uint64(56))
+
+
 @njit(cache=True, nogil=True)
-def _hot_slots(bits: np.ndarray, hot_nodes: np.ndarray, nodes: np.ndarray, slot: np.ndarray) -> int:
-    """``slot[i]`` = position of ``nodes[i]`` in the sorted ``hot_nodes`` (its bit set in ``bits``),
-    else -1; returns the number of hot nodes."""
+def _hot_rank(bits: np.ndarray, rank: np.ndarray) -> int:
+    """``rank[w]`` = hot nodes in the words before word ``w`` of the bitmap; returns H."""
+    c = 0
+    for w in range(bits.shape[0]):
+        rank[w] = c
+        c += _popcount(bits[w])
+    return c
+
+
+@njit(cache=True, nogil=True)
+def _hot_nodes(bits: np.ndarray, out: np.ndarray) -> None:
+    """The hot nodes of the bitmap, ascending, into ``out`` (int64 [H])."""
+    k = 0
+    for w in range(bits.shape[0]):
+        x = bits[w]
+        b = 0
+        while x != 0:
+            if x & np.uint64(1):
+                out[k] = w * 64 + b
+                k += 1
+            x >>= np.uint64(1)
+            b += 1
+
+
+@njit(cache=True, nogil=True)
+def _hot_slots(bits: np.ndarray, rank: np.ndarray, nodes: np.ndarray, slot: np.ndarray) -> int:
+    """``slot[i]`` = rank of ``nodes[i]`` among the hot nodes (bit ``v % 64`` of word ``v // 64``
+    set), else -1: the word's rank plus the set bits below it, two memory accesses per node;
+    returns the number of hot nodes."""
     hits = 0
     for i in range(nodes.shape[0]):
         v = nodes[i]
-        if (bits[v >> 3] >> (v & 7)) & 1:
-            slot[i] = np.searchsorted(hot_nodes, v)
+        w = bits[v >> 6]
+        b = np.uint64(v & 63)
+        if (w >> b) & np.uint64(1):
+            slot[i] = rank[v >> 6] + _popcount(w & ((np.uint64(1) << b) - np.uint64(1)))
             hits += 1
         else:
             slot[i] = -1
@@ -724,7 +761,7 @@ def _add_draw_scores(ip: np.ndarray, idx: np.ndarray, fanout: int, score: np.nda
 @njit(cache=True, nogil=True)
 def _select_hot(indptr: np.ndarray, score: np.ndarray, itemsize: int, per_node: int, room: int,
                 bits: np.ndarray) -> tuple:
-    """Set in ``bits`` (a little-endian bitmap of the N nodes) the nodes of the highest
+    """Set in ``bits`` (uint64 words, node ``v`` = bit ``v % 64`` of word ``v // 64``) the nodes of the highest
     ``score / (per_node + itemsize * degree)`` (expected draws per byte held) whose cost
     ``per_node + itemsize * degree`` sums to at most ``room`` bytes; nodes of degree 0 (nothing
     to read) are never chosen, nodes of score 0 last (they are read only as seeds).  When every
@@ -748,7 +785,7 @@ def _select_hot(indptr: np.ndarray, score: np.ndarray, itemsize: int, per_node: 
         for v in range(n):
             d = indptr[v + 1] - indptr[v]
             if d > 0:
-                bits[v >> 3] |= np.uint8(1 << (v & 7))
+                bits[v >> 6] |= np.uint64(1) << np.uint64(v & 63)
                 count += 1
         return count, indptr[n] - indptr[0]
     lo = 0.0
@@ -771,7 +808,7 @@ def _select_hot(indptr: np.ndarray, score: np.ndarray, itemsize: int, per_node: 
     for v in range(n):  # everything above the threshold
         d = indptr[v + 1] - indptr[v]
         if d > 0 and score[v] / (per_node + itemsize * d) > hi:
-            bits[v >> 3] |= np.uint8(1 << (v & 7))
+            bits[v >> 6] |= np.uint64(1) << np.uint64(v & 63)
             used += per_node + itemsize * d
             count += 1
             edges += d
@@ -780,7 +817,7 @@ def _select_hot(indptr: np.ndarray, score: np.ndarray, itemsize: int, per_node: 
         if d > 0:
             r = score[v] / (per_node + itemsize * d)
             if (r > lo or lo == 0.0) and r <= hi and used + per_node + itemsize * d <= room:
-                bits[v >> 3] |= np.uint8(1 << (v & 7))
+                bits[v >> 6] |= np.uint64(1) << np.uint64(v & 63)
                 used += per_node + itemsize * d
                 count += 1
                 edges += d
@@ -799,42 +836,52 @@ class HotLists:
 
     Arrays (together :attr:`nbytes`, at most the size asked for):
 
-    - ``bits``  uint8 [ceil(N / 8)] -- little-endian bitmap of the hot nodes (O(1) membership);
-    - ``nodes`` int64 [H] -- the hot nodes, ascending;
-    - ``ptr``   int64 [H + 1] -- ``ids[ptr[k]:ptr[k + 1]]`` is the list of ``nodes[k]``;
+    - ``bits``  uint64 [ceil(N / 64)] -- bitmap of the hot nodes (node ``v``: bit ``v % 64`` of
+      word ``v // 64``);
+    - ``rank``  int64 [ceil(N / 64)] -- hot nodes before each word, so that a node's slot is
+      ``rank[v // 64]`` plus the set bits below it (O(1), no search);
+    - ``ptr``   int64 [H + 1] -- ``ids[ptr[k]:ptr[k + 1]]`` is the list of the k-th hot node (in id
+      order);
     - ``ids``   [ptr[-1]] of the indices dtype -- the lists exactly as stored.
 
     Which nodes (:meth:`select`): the score of node ``u`` is its expected number of draws when every
     list is sampled once, ``sum over the lists v that hold u of min(1, fanout / deg(v))`` -- the
     in-degree-weighted count of the lists it appears in, i.e. how often sampling makes ``u`` a
     frontier node whose own list is read next.  Nodes are ranked by score per byte held (list
-    plus 16 bytes of index) and taken greedily until the size is spent.  This is the degree-based
-    hot set of PaGraph (Lin et al., SoCC'20: cache the nodes with the most out-edges, those most
-    often sampled) and GNNLab (Yang et al., EuroSys'22, which finds degree a good proxy of
-    sampling frequency on power-law graphs); weighting each occurrence by the draw probability of
-    its list corrects for high-in-degree lists, of which a fanout draws only a few.  Computing it
-    reads the topology once, sequentially, at start-up.
+    plus 8 bytes of offset) and taken greedily until the size is spent; nodes no list holds
+    (score 0, read only as seeds) come last.  This is the degree-based hot set of PaGraph (Lin et
+    al., SoCC'20: cache the nodes with the most out-edges, those most often sampled) and GNNLab
+    (Yang et al., EuroSys'22, which finds degree a good proxy of sampling frequency on power-law
+    graphs); weighting each occurrence by the draw probability of its list corrects for
+    high-in-degree lists, of which a fanout draws only a few.  Computing it reads the topology
+    once, sequentially, at start-up.
     """
 
-    PER_NODE = 16  # bytes of index per hot node: ``nodes`` and ``ptr``
+    PER_NODE = 8  # bytes of index per hot node: its ``ptr`` entry
 
-    def __init__(self, bits: np.ndarray, nodes: np.ndarray, ptr: np.ndarray, ids: np.ndarray) -> None:
-        self.bits, self.nodes, self.ptr, self.ids = bits, nodes, ptr, ids
+    def __init__(self, bits: np.ndarray, rank: np.ndarray, ptr: np.ndarray, ids: np.ndarray) -> None:
+        self.bits, self.rank, self.ptr, self.ids = bits, rank, ptr, ids
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the bitmap, node ids, offsets and lists."""
-        return int(self.bits.nbytes + self.nodes.nbytes + self.ptr.nbytes + self.ids.nbytes)
+        """Bytes held: the bitmap, its ranks, offsets and lists."""
+        return int(self.bits.nbytes + self.rank.nbytes + self.ptr.nbytes + self.ids.nbytes)
 
     @property
     def num_nodes(self) -> int:
         """H, the hot nodes."""
-        return int(self.nodes.shape[0])
+        return int(self.ptr.shape[0] - 1)
+
+    def node_ids(self) -> np.ndarray:
+        """int64 [H] the hot nodes, ascending (list ``k`` is the ``k``-th's)."""
+        out = np.empty(self.num_nodes, dtype=np.int64)
+        _hot_nodes(self.bits, out)
+        return out
 
     @staticmethod
     def fixed_bytes(num_nodes: int) -> int:
-        """Bytes of a hot set over ``num_nodes`` nodes before any list: bitmap and ``ptr[0]``."""
-        return (int(num_nodes) + 7) // 8 + 8
+        """Bytes of a hot set over ``num_nodes`` nodes before any list: bitmap, ranks, ``ptr[0]``."""
+        return 16 * ((int(num_nodes) + 63) // 64) + 8
 
     @staticmethod
     def scores(indices: RawArray, indptr: np.ndarray, fanout: int = -1,
@@ -857,8 +904,8 @@ class HotLists:
     @classmethod
     def select(cls, indptr: np.ndarray, score: np.ndarray, nbytes: int, itemsize: int,
                out: np.ndarray | None = None) -> np.ndarray:
-        """Bitmap (uint8 [ceil(N / 8)], little-endian) of the hot nodes of a set of at most
-        ``nbytes`` bytes (all zeros when ``nbytes`` does not cover the bitmap).
+        """Bitmap (uint64 [ceil(N / 64)], see the class docstring) of the hot nodes of a set of at
+        most ``nbytes`` bytes (all zeros when ``nbytes`` does not cover the fixed part).
 
         Args:
             indptr: int64 [N+1] CSC offsets; score: float32 [N] (:meth:`scores`).
@@ -866,7 +913,7 @@ class HotLists:
             out: optional destination bitmap (zeroed here).
         """
         n = indptr.shape[0] - 1
-        bits = np.zeros((n + 7) // 8, dtype=np.uint8) if out is None else out
+        bits = np.zeros((n + 63) // 64, dtype=np.uint64) if out is None else out
         bits[...] = 0
         room = int(nbytes) - cls.fixed_bytes(n)
         if room > 0 and n:
@@ -893,36 +940,34 @@ class HotLists:
         indptr = reader.indptr
         n = indptr.shape[0] - 1
         item = reader.itemsize
-        bits = alloc("hot_bits", ((n + 7) // 8,), np.uint8,
+        bits = alloc("hot_bits", ((n + 63) // 64,), np.uint64,
                      lambda o: cls.select(indptr, cls.scores(reader.indices, indptr, fanout),
                                           nbytes, item, o))
-        mask = np.unpackbits(bits, bitorder="little", count=n).view(bool) if n else np.zeros(0, bool)
-        hot = np.flatnonzero(mask)
-        del mask
-        nodes = alloc("hot_nodes", hot.shape, np.int64, lambda o: o.__setitem__(..., hot))
-        deg = indptr[hot + 1] - indptr[hot]
-        del hot
+        rank = alloc("hot_rank", bits.shape, np.int64, lambda o: _hot_rank(bits, o))
+        h = int(rank[-1] + _popcount(bits[-1])) if n else 0
+        nodes = np.empty(h, dtype=np.int64)  # transient: the hot nodes, ascending
+        _hot_nodes(bits, nodes)
 
         def fill_ptr(o: np.ndarray) -> None:
             o[0] = 0
-            np.cumsum(deg, out=o[1:])
+            np.cumsum(indptr[nodes + 1] - indptr[nodes], out=o[1:])
 
-        ptr = alloc("hot_ptr", (nodes.shape[0] + 1,), np.int64, fill_ptr)
-        del deg
+        ptr = alloc("hot_ptr", (h + 1,), np.int64, fill_ptr)
 
         def fill_ids(o: np.ndarray) -> None:
-            for a in range(0, nodes.shape[0], chunk_nodes):
-                b = min(a + chunk_nodes, nodes.shape[0])
+            for a in range(0, h, chunk_nodes):
+                b = min(a + chunk_nodes, h)
                 reader.read(nodes[a:b], out=o[ptr[a]:ptr[b]])
 
         ids = alloc("hot_ids", (int(ptr[-1]),), reader.indices.dtype, fill_ids)
         reader.reset_stats()  # start-up reads are not sampling reads
-        return cls(bits, nodes, ptr, ids)
+        return cls(bits, rank, ptr, ids)
 
     def lookup(self, nodes: np.ndarray) -> tuple[np.ndarray, int]:
-        """``(slot int64 [n], hits)``: each node's position in :attr:`nodes`, -1 when not hot."""
+        """``(slot int64 [n], hits)``: each node's rank among the hot nodes (its list is
+        ``ids[ptr[slot]:ptr[slot + 1]]``), -1 when not hot."""
         slot = np.empty(nodes.shape[0], dtype=np.int64)
-        hits = _hot_slots(self.bits, self.nodes, nodes, slot)
+        hits = _hot_slots(self.bits, self.rank, nodes, slot)
         return slot, int(hits)
 
 

@@ -269,7 +269,7 @@ def test_hot_topology_changes_reads_not_results(metis_dataset: Path, tmp_path: P
     cold = train(_cfg(metis_dataset, tmp_path / "c", memory_budget="64MB", epochs=1,
                       topology="disk"))
     ds = Dataset(metis_dataset)
-    whole = ds.raw("indices").nbytes + 16 * ds.num_nodes + ds.num_nodes // 8 + 16
+    whole = ds.raw("indices").nbytes + 8 * ds.num_nodes + 16 * (ds.num_nodes // 64 + 1) + 8
     ds.close()
     for size, name in ((20_000, "h"), (whole, "w")):
         hot = train(_cfg(metis_dataset, tmp_path / name, memory_budget="64MB", epochs=1,

@@ -44,23 +44,44 @@ def test_select_greedy_by_draws_per_byte_within_size(tmp_path: Path) -> None:
     indptr, _, arr = _small(tmp_path)
     score = HotLists.scores(arr, indptr, fanout=-1)  # [3, 3, 2, 1, 1, 1, 0]
     fixed = HotLists.fixed_bytes(7)
-    assert fixed == 1 + 8
+    assert fixed == 8 + 8 + 8  # one bitmap word, its rank, ptr[0]
 
     def chosen(nbytes: int) -> list[int]:
         bits = HotLists.select(indptr, score, nbytes, 4)
-        return np.flatnonzero(np.unpackbits(bits, bitorder="little", count=7)).tolist()
+        return [v for v in range(7) if (int(bits[v // 64]) >> (v % 64)) & 1]
 
-    # draws per byte (16 B of index + 4 B per id): node 1: 3/20, node 2: 2/24, node 5: 1/20,
-    # node 0: 3/28, node 4: 1/32; nodes 3 and 6 have no list
-    assert chosen(0) == [] and chosen(fixed) == [] and chosen(fixed + 19) == []
-    assert chosen(fixed + 20) == [1]
-    assert chosen(fixed + 20 + 28) == [0, 1]
-    assert chosen(fixed + 20 + 28 + 24) == [0, 1, 2]
-    assert chosen(fixed + 20 + 28 + 24 + 19) == [0, 1, 2]
-    assert chosen(fixed + 20 + 28 + 24 + 20) == [0, 1, 2, 5]
-    everything = fixed + 16 * 5 + 4 * 11
+    # draws per byte (8 B of offset + 4 B per id): node 1: 3/12, node 0: 3/20, node 2: 2/16,
+    # node 5: 1/12, node 4: 1/24; nodes 3 and 6 have no list
+    assert chosen(0) == [] and chosen(fixed) == [] and chosen(fixed + 11) == []
+    assert chosen(fixed + 12) == [1]
+    assert chosen(fixed + 12 + 20) == [0, 1]
+    assert chosen(fixed + 12 + 20 + 16) == [0, 1, 2]
+    assert chosen(fixed + 12 + 20 + 16 + 11) == [0, 1, 2]
+    assert chosen(fixed + 12 + 20 + 16 + 12) == [0, 1, 2, 5]
+    everything = fixed + 8 * 5 + 4 * 11
     assert chosen(everything - 1) == [0, 1, 2, 5]
     assert chosen(everything) == chosen(1 << 40) == [0, 1, 2, 4, 5]  # every list (not 3, 6)
+
+
+def test_rank_lookup_over_many_words() -> None:
+    """Slots from the bitmap's word ranks equal positions in the sorted hot nodes."""
+    rng = np.random.default_rng(5)
+    n = 1000
+    hot = np.sort(rng.choice(n, 300, replace=False))
+    bits = np.zeros((n + 63) // 64, dtype=np.uint64)
+    for v in hot:
+        bits[v // 64] |= np.uint64(1) << np.uint64(v % 64)
+    rank = np.empty_like(bits, dtype=np.int64)
+    from ooc.storage.io import _hot_rank
+    assert _hot_rank(bits, rank) == 300
+    h = HotLists(bits, rank, np.zeros(301, dtype=np.int64), np.empty(0, dtype=np.int32))
+    assert np.array_equal(h.node_ids(), hot)
+    q = rng.integers(0, n, 2000)
+    slot, hits = h.lookup(q)
+    pos = np.searchsorted(hot, q)
+    inside = (pos < 300) & (hot[np.minimum(pos, 299)] == q)
+    assert hits == int(inside.sum())
+    assert np.array_equal(slot, np.where(inside, pos, -1))
 
 
 @pytest.mark.parametrize("direct", [False, True])
@@ -105,8 +126,9 @@ def test_reads_across_chunk_files_in_bounded_pieces(tmp_path: Path) -> None:
         r = NeighborReader(arr, indptr, direct=direct, chunk_edges=100)
         r.hot = HotLists.build(r, 40_000, fanout=5, chunk_nodes=3)
         assert 0 < r.hot.num_nodes < 58 and r.hot.nbytes <= 40_000
+        hot_nodes = r.hot.node_ids()
         for k in range(r.hot.num_nodes):  # the hot lists are the stored ones
-            v = r.hot.nodes[k]
+            v = hot_nodes[k]
             assert np.array_equal(r.hot.ids[r.hot.ptr[k]:r.hot.ptr[k + 1]],
                                   indices[indptr[v]:indptr[v + 1]])
         nodes = np.concatenate([rng.permutation(60), rng.integers(0, 60, 30)])
@@ -191,7 +213,8 @@ def test_hot_lists_shared_through_the_allocator(tmp_path: Path) -> None:
         return out
 
     h = HotLists.build(r, 1 << 20, alloc=alloc)
-    assert sorted(made) == ["hot_bits", "hot_ids", "hot_nodes", "hot_ptr"]
-    assert h.nodes is made["hot_nodes"] and h.ids is made["hot_ids"]
+    assert sorted(made) == ["hot_bits", "hot_ids", "hot_ptr", "hot_rank"]
+    assert h.bits is made["hot_bits"] and h.ids is made["hot_ids"] and h.rank is made["hot_rank"]
+    assert h.node_ids().tolist() == [0, 1, 2, 4, 5]
     assert h.nbytes == sum(a.nbytes for a in made.values())
     r.close()
