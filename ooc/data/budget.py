@@ -354,7 +354,9 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                      "--eval-fanout; a batch's neighbourhood is at most the whole graph)")
             raise ValueError(
                 f"memory budget {format_bytes(budget)} too small"
-                + (f" for {lw} local ranks" if lw > 1 else "") + f": topology {format_bytes(topo)}, "
+                + (f" for {lw} local ranks" if lw > 1 else "") + f": topology {format_bytes(topo)}"
+                + (f" (of which --hot-topology {format_bytes(hot_topology)})" if hot_topology else "")
+                + ", "
                 f"node arrays {format_bytes(nodes)}, batches in flight {format_bytes(stage)}{which}, "
                 f"sampler scratch {format_bytes(scratch)}"
                 + (f" (of which the look-ahead window of --lookahead {lookahead} batches "
@@ -368,6 +370,7 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                    f"{format_bytes(slots_cost(need_slots))}" if need_slots else "")
                 + " (use more partitions, --topology disk, a smaller batch or a larger budget"
                 + ("; or a smaller --embedding" if embedding else "")
+                + ("; or a smaller --hot-topology" if hot_topology else "")
                 + ("; or --miss-features disk / fewer `ooc compress --subspaces`" if compressed
                    else "") + ")")
         per_slot = slots_cost(1)

@@ -301,7 +301,7 @@ def test_hot_topology_option_checks_and_budget(metis_dataset: Path, tmp_path: Pa
     assert hot.slots == min(plain.num_parts,
                             (8_000_000 - (plain.planned - plain.slot * plain.slots) - 1_000_000)
                             // plain.slot)
-    with pytest.raises(ValueError, match="too small"):
+    with pytest.raises(ValueError, match=r"too small.*of which --hot-topology 7\.6 MiB.*smaller --hot-topology"):
         plan_budget(**args, hot_topology=8_000_000)
     ds.close()
 
