@@ -980,7 +980,8 @@ class NeighborReader:
     whole 4 KiB pages and holes up to ``gap`` bytes are read through -- and ``aio_depth`` requests
     in flight through Linux native AIO with ``O_DIRECT``, else spread over ``threads`` pread
     threads), in pieces of at most ``chunk_edges`` ids so that the row-id scratch stays bounded
-    (about 56 bytes per id read).  Lists of nodes in ``hot`` are copied from memory.
+    (about 60 bytes per id read: row ids, their order, the request plan).  Lists of nodes in
+    ``hot`` are copied from memory.
 
     Args:
         indices: the on-disk ``topology/indices`` array.
