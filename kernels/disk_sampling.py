@@ -6,18 +6,24 @@ the same graph, key and fanouts, but reads each hop's neighbour lists through a 
 buffer's resident topology) instead of indexing an in-memory CSC.  The draws replicate
 ``sample_hop``: the random stream of node ``v`` is ``mix_key(hop key, v)``, Floyd's algorithm
 without replacement, ``rand_below`` with replacement -- so exact mode with the topology on disk
-trains on the same batches as with the topology in memory (tested).
+trains on the same batches as with the topology in memory (tested).  New nodes are numbered by
+the in-memory sampler's own relabelling kernels (dense id map for up to 2**21 nodes, radix sort
+below 2**31, see :mod:`ooc.kernels.sampling`), with its per-thread workspace, so only the list
+fetch differs between the two samplers.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
+import numba
 import numpy as np
 from numba import njit, prange
 
 from ooc.kernels.rng import distinct_below, mix_key, rand_below
-from ooc.kernels.sampling import Block, SampledSubgraph
+from ooc.kernels.sampling import (_DENSE_MAX_NODES, _SERIAL_EDGES, _SORT_MAX_NODES, Block,
+                                  SampledSubgraph, _relabel_dense, _relabel_sorted, _thread_bits,
+                                  _workspace, unique_seeds)
 
 __all__ = ["sample_hop_lists", "sample_blocks_lists"]
 
@@ -78,57 +84,106 @@ def _first_seen_new(nbrs: np.ndarray, known_sorted: np.ndarray) -> np.ndarray:
     return u[np.argsort(first, kind="stable")]
 
 
+@njit(cache=True, nogil=True)
+def _seed_dense(dmap: np.ndarray, gen: int, seeds: np.ndarray) -> None:
+    """Local ids ``0..B-1`` of the seeds in the dense id map (as the in-memory sampler does)."""
+    g = np.int64(gen) << 32
+    for i in range(seeds.shape[0]):
+        dmap[seeds[i]] = g | i
+
+
 def sample_blocks_lists(fetch: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
                         num_nodes: int, seeds: np.ndarray, fanouts: list[int], key: int | np.uint64,
                         replace: bool = False) -> SampledSubgraph:
     """Multi-hop sampling with lists from ``fetch``; same result as ``sample_blocks``.
 
     Args:
-        fetch: ``nodes int64 [n] -> (ptr int64 [n+1], ids [ptr[-1]])``, the in-neighbour lists.
-        num_nodes: N (seed range check).
+        fetch: ``nodes int64 [n] -> (ptr int64 [n+1], ids [ptr[-1]])``, the in-neighbour lists
+            (called once per hop with the nodes found since the last call; not for the last hop's).
+        num_nodes: N (seed range check, relabelling method).
         seeds, fanouts, key, replace: as :func:`ooc.kernels.sampling.sample_blocks`.
+
+    Returns:
+        The :class:`~ooc.kernels.sampling.SampledSubgraph` of ``sample_blocks`` (``Block.indices``
+        int32 local ids, nodes int64).
 
     Raises:
         ValueError: a seed id is outside ``[0, N)``.
     """
-    seeds = np.asarray(seeds, dtype=np.int64)
-    if seeds.size and (seeds.min() < 0 or seeds.max() >= num_nodes):
-        bad = seeds[(seeds < 0) | (seeds >= num_nodes)][0]
-        raise ValueError(f"seed id {bad} outside [0, {num_nodes})")
-    uniq, first, inverse = np.unique(seeds, return_index=True, return_inverse=True)
-    if uniq.shape[0] != seeds.shape[0]:
-        order = np.argsort(first)
-        useeds = seeds[np.sort(first)]
-        rank = np.empty_like(order)
-        rank[order] = np.arange(order.shape[0])
-        positions = rank[inverse]
-    else:
-        useeds = seeds
-        positions = np.arange(seeds.shape[0], dtype=np.int64)
-    nodes = useeds.copy()
-    sizes = [nodes.shape[0]]
+    useeds, positions = unique_seeds(seeds, num_nodes)
+    fo = [int(f) for f in fanouts]
+    # small batches on one thread, as the in-memory sampler: a parallel launch costs more
+    est = tot = float(useeds.shape[0])
+    for f in fo:
+        est = est * f if f >= 0 else float("inf")
+        tot += est
+    threads = numba.get_num_threads()
+    serial = tot < _SERIAL_EDGES and threads > 1
+    if serial:
+        numba.set_num_threads(1)
+    try:
+        return _sample_lists(fetch, num_nodes, useeds, positions, fo, key, replace)
+    finally:
+        if serial:
+            numba.set_num_threads(threads)
+
+
+def _sample_lists(fetch, num_nodes, useeds, positions, fanouts, key, replace) -> SampledSubgraph:
+    n0 = useeds.shape[0]
+    dense = num_nodes <= _DENSE_MAX_NODES
+    vbits = max(1, (num_nodes - 1).bit_length()) if num_nodes <= _SORT_MAX_NODES else 0
+    ws = _workspace(np.dtype(np.int64))
+    if dense:
+        dgen = ws.next_dgen(num_nodes)
+        _seed_dense(ws.dmap, dgen, useeds)
+    elif vbits:
+        slocal = np.argsort(useeds, kind="stable").astype(np.int64)
+        sid = useeds[slocal]
+    nodes = np.empty(max(16, 2 * n0), dtype=np.int64)
+    nodes[:n0] = useeds
+    count = n0
+    sizes = [n0]
     lptr = np.zeros(1, dtype=np.int64)
     lids = np.empty(0, dtype=np.int64)
     fetched = 0
     parts = []
     for h, f in enumerate(fanouts):
-        n_dst = nodes.shape[0]
+        n_dst = count
         if n_dst > fetched:  # lists of the nodes discovered since the last fetch
             p, ids = fetch(nodes[fetched:n_dst])
             lptr = np.concatenate([lptr, lptr[-1] + p[1:]])
             lids = np.concatenate([lids, ids.astype(np.int64, copy=False)])
             fetched = n_dst
         hop_key = np.uint64(mix_key(np.uint64(key), h))
-        ptr, nbrs = sample_hop_lists(lptr, lids, nodes, int(f), bool(replace), hop_key)
-        new = _first_seen_new(nbrs, np.sort(nodes))
-        nodes = np.concatenate([nodes, new])
-        order = np.argsort(nodes, kind="stable")
-        local = order[np.searchsorted(nodes[order], nbrs)]
+        ptr, nbrs = sample_hop_lists(lptr, lids, nodes[:n_dst], int(f), bool(replace), hop_key)
+        m = nbrs.shape[0]
+        if nodes.shape[0] < count + m:
+            grown = np.empty(max(count + m, 2 * nodes.shape[0]), dtype=np.int64)
+            grown[:count] = nodes[:count]
+            nodes = grown
+        local = np.empty(m, dtype=np.int32)
+        if dense:
+            count = _relabel_dense(ws.dmap, dgen, nbrs, m, local, nodes, count,
+                                   np.int64(1) << _thread_bits())
+        elif vbits:
+            count, sid, slocal = _relabel_sorted(nbrs, m, local, nodes, count, sid, slocal,
+                                                 np.empty(m, dtype=np.int64),
+                                                 np.empty(m, dtype=np.int64), vbits,
+                                                 h + 1 < len(fanouts))
+        else:  # ids of 2**31 and above: first-seen order by sorting in numpy
+            known = nodes[:count]
+            new = _first_seen_new(nbrs, np.sort(known))
+            nodes[count:count + new.shape[0]] = new
+            count += new.shape[0]
+            allnodes = nodes[:count]
+            order = np.argsort(allnodes, kind="stable")
+            local = order[np.searchsorted(allnodes[order], nbrs)].astype(np.int32)
         parts.append((ptr, local))
-        sizes.append(nodes.shape[0])
+        sizes.append(count)
     blocks = []
     for h in range(len(fanouts) - 1, -1, -1):
         ptr, local = parts[h]
         blocks.append(Block(num_src=int(sizes[h + 1]), num_dst=int(sizes[h]), indptr=ptr,
-                            indices=local.astype(np.int64)))
-    return SampledSubgraph(seeds=useeds, nodes=nodes, blocks=blocks, seed_positions=positions)
+                            indices=local))
+    return SampledSubgraph(seeds=useeds, nodes=nodes[:count].copy(), blocks=blocks,
+                           seed_positions=positions)

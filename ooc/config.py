@@ -101,6 +101,10 @@ class TrainConfig:
                          "memory without --memory-budget, else memory or disk, whichever the "
                          "automatic budget split predicts reads less (printed with the plan)",
                          choices=("auto", "memory", "mmap", "disk"))
+    hot_topology: str = _opt("", "data", "--topology disk: bytes of the topology kept in memory for "
+                             "the hottest nodes (most often drawn, per byte), e.g. 256MB; their "
+                             "lists are served from memory, the rest read from disk; counted in "
+                             "--memory-budget (empty or 0: none)")
     # out-of-core data path (see ooc.data.path)
     mode: str = _opt("exact", "data", "exact: full-graph sampling, misses via cache + batched reads; "
                      "buffer: sample inside resident partitions (MariusGNN); hybrid: seeds from resident "
@@ -434,6 +438,10 @@ def validate_data_options(cfg: "TrainConfig") -> None:
             parse_bytes(getattr(cfg, opt))
     if cfg.topology not in ("auto", "memory", "mmap", "disk"):
         raise ValueError(f"topology must be auto, memory, mmap or disk, got {cfg.topology!r}")
+    if cfg.hot_topology and parse_bytes(cfg.hot_topology) and cfg.topology not in ("disk", "auto"):
+        raise ValueError(f"--hot-topology {cfg.hot_topology} keeps the hottest lists of an on-disk "
+                         f"topology in memory: it needs --topology disk or auto (with --topology "
+                         f"{cfg.topology} the whole topology is already {'in memory' if cfg.topology == 'memory' else 'mapped'})")
     if cfg.miss_features not in ("disk", "pq", "auto"):
         raise ValueError(f"miss_features must be disk, pq or auto, got {cfg.miss_features!r}")
     if cfg.miss_features in ("pq", "auto") and cfg.mode != "hybrid":

@@ -15,7 +15,10 @@ The out-of-core modes read through :class:`DiskRows` instead:
   memory and measured bandwidth is the disk's; offsets, sizes and buffers are aligned to 4 KiB
   (``ALIGN``); where the file system refuses ``O_DIRECT`` the reader falls back to buffered reads.
 
-:class:`NeighborReader` reads CSC neighbour lists with page-aligned reads into a fixed-size buffer.
+:class:`NeighborReader` reads CSC neighbour lists (``--topology disk``): each call's lists become one
+:meth:`DiskRows.gather` of their ids (coalesced requests, many in flight, ``O_DIRECT`` honoured),
+and the lists of the nodes in :class:`HotLists` (the hottest nodes' lists, held in memory within a
+byte size) are copied from memory instead.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from numba import njit, types
 from ooc.storage.rawarray import RawArray
 
 __all__ = ["ALIGN", "MISS_RUN_BYTES", "aligned_empty", "plan_runs", "DiskRows", "RangeRead",
-           "NeighborReader", "IOCounters"]
+           "NeighborReader", "HotLists", "IOCounters"]
 
 ALIGN = 4096
 #: largest miss-read request (bytes): the size of each AIO slot's / pread thread's staging buffer
@@ -649,115 +652,428 @@ class DiskRows:
 
 
 @njit(cache=True, nogil=True)
-def _read_lists(fds: np.ndarray, chunk_bytes: int, itemsize: int, indptr: np.ndarray,
-                nodes: np.ndarray, buf: np.ndarray, out: np.ndarray, out_ptr: np.ndarray,
-                align: int) -> tuple:
-    """Neighbour lists of ``nodes`` via page-aligned preads of at most ``len(buf)`` bytes each.
-
-    The ids live in chunk files ``fds[c]`` of ``chunk_bytes`` bytes each (a multiple of ``align``;
-    one file: pass a ``chunk_bytes`` past its end); a read never crosses a chunk file, so a list
-    that straddles two chunks costs two reads.  Bytes already in the buffer from the previous read
-    are reused (with ``nodes`` sorted, lists that share a page cost one read).  Returns
-    ``(bytes read, requests, max bytes requested in one read, error flag)``.
-    """
-    total = 0
-    reqs = 0
-    biggest = 0
-    cap = (buf.shape[0] // align) * align
-    have_a = -1  # global byte offset of buf[0]
-    have_n = 0  # valid bytes in buf
+def _list_rows(indptr: np.ndarray, nodes: np.ndarray, rows: np.ndarray) -> int:
+    """Row ids (positions in ``indices``) of the lists of ``nodes``, list after list, into ``rows``;
+    returns how many (``rows`` needs room for the lists' total length)."""
+    m = 0
     for i in range(nodes.shape[0]):
         v = nodes[i]
-        s = indptr[v] * itemsize
-        e = indptr[v + 1] * itemsize
-        w = out_ptr[i] * itemsize
-        pos = s
-        while pos < e:
-            if not (have_a >= 0 and have_a <= pos and pos < have_a + have_n):
-                c = pos // chunk_bytes
-                base = c * chunk_bytes
-                a = (pos // align) * align
-                stop = min(e, base + chunk_bytes)
-                n = min(cap, ((stop + align - 1) // align) * align - a)
-                got = _pread(fds[c], buf.ctypes.data, n, a - base)
-                reqs += 1
-                total += n
-                biggest = max(biggest, n)
-                if got <= pos - a:
-                    return total, reqs, biggest, 1
-                have_a = a
-                have_n = got
-            take = min(e, have_a + have_n) - pos
-            out[w:w + take] = buf[pos - have_a:pos - have_a + take]
-            w += take
-            pos += take
-    return total, reqs, biggest, 0
+        for r in range(indptr[v], indptr[v + 1]):
+            rows[m] = r
+            m += 1
+    return m
+
+
+@njit(cache=True, nogil=True)
+def _place_lists(ptr: np.ndarray, which: np.ndarray, src: np.ndarray, out: np.ndarray) -> None:
+    """Copy the lists packed one after another in ``src`` to ``out[ptr[i]:ptr[i + 1]]`` for
+    ``i = which[0], which[1], ...`` (in that order)."""
+    c = 0
+    for j in range(which.shape[0]):
+        i = which[j]
+        a = ptr[i]
+        d = ptr[i + 1] - a
+        for t in range(d):
+            out[a + t] = src[c + t]
+        c += d
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _popcount(x: np.uint64) -> np.int64:
+    """Set bits of a 64-bit word (SWAR)."""
+    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return np.int64((x * np.uint64(0x0101010101010101)) >> np.uint64(56))
+
+
+@njit(cache=True, nogil=True)
+def _hot_rank(bits: np.ndarray, rank: np.ndarray) -> int:
+    """``rank[w]`` = hot nodes in the words before word ``w`` of the bitmap; returns H."""
+    c = 0
+    for w in range(bits.shape[0]):
+        rank[w] = c
+        c += _popcount(bits[w])
+    return c
+
+
+@njit(cache=True, nogil=True)
+def _hot_nodes(bits: np.ndarray, out: np.ndarray) -> None:
+    """The hot nodes of the bitmap, ascending, into ``out`` (int64 [H])."""
+    k = 0
+    for w in range(bits.shape[0]):
+        x = bits[w]
+        b = 0
+        while x != 0:
+            if x & np.uint64(1):
+                out[k] = w * 64 + b
+                k += 1
+            x >>= np.uint64(1)
+            b += 1
+
+
+@njit(cache=True, nogil=True)
+def _hot_slots(bits: np.ndarray, rank: np.ndarray, nodes: np.ndarray, slot: np.ndarray) -> int:
+    """``slot[i]`` = rank of ``nodes[i]`` among the hot nodes (bit ``v % 64`` of word ``v // 64``
+    set), else -1: the word's rank plus the set bits below it, two memory accesses per node;
+    returns the number of hot nodes."""
+    hits = 0
+    for i in range(nodes.shape[0]):
+        v = nodes[i]
+        w = bits[v >> 6]
+        b = np.uint64(v & 63)
+        if (w >> b) & np.uint64(1):
+            slot[i] = rank[v >> 6] + _popcount(w & ((np.uint64(1) << b) - np.uint64(1)))
+            hits += 1
+        else:
+            slot[i] = -1
+    return hits
+
+
+@njit(cache=True, nogil=True)
+def _copy_hot(ptr: np.ndarray, slot: np.ndarray, hot_ptr: np.ndarray, hot_ids: np.ndarray,
+              out: np.ndarray) -> None:
+    """``out[ptr[i]:ptr[i + 1]]`` = hot list ``slot[i]`` for every ``i`` with ``slot[i] >= 0``."""
+    for i in range(slot.shape[0]):
+        s = slot[i]
+        if s < 0:
+            continue
+        a = ptr[i]
+        b = hot_ptr[s]
+        for t in range(ptr[i + 1] - a):
+            out[a + t] = hot_ids[b + t]
+
+
+@njit(cache=True, nogil=True)
+def _add_draw_scores(ip: np.ndarray, idx: np.ndarray, fanout: int, score: np.ndarray) -> None:
+    """For each list ``idx[ip[j]:ip[j + 1]]`` (a block of lists), add to ``score[u]`` of every id
+    ``u`` in it the chance that one sampling of that list draws ``u``: ``min(1, fanout / deg)``
+    (``fanout < 0``: 1, all neighbours)."""
+    for j in range(ip.shape[0] - 1):
+        d = ip[j + 1] - ip[j]
+        if d == 0:
+            continue
+        w = 1.0 if fanout < 0 or fanout >= d else fanout / d
+        for t in range(ip[j], ip[j + 1]):
+            score[idx[t]] += w
+
+
+@njit(cache=True, nogil=True)
+def _select_hot(indptr: np.ndarray, score: np.ndarray, itemsize: int, per_node: int, room: int,
+                bits: np.ndarray) -> tuple:
+    """Set in ``bits`` (uint64 words, node ``v`` = bit ``v % 64`` of word ``v // 64``) the nodes of the highest
+    ``score / (per_node + itemsize * degree)`` (expected draws per byte held) whose cost
+    ``per_node + itemsize * degree`` sums to at most ``room`` bytes; nodes of degree 0 (nothing
+    to read) are never chosen, nodes of score 0 last (they are read only as seeds).  When every
+    list fits all are taken; else the ratio threshold is found by bisection (60 halvings) and the
+    nodes inside the final interval are taken in id order while they fit.  Returns
+    ``(nodes, edges)`` chosen."""
+    n = score.shape[0]
+    hi = 0.0
+    total = 0
+    for v in range(n):
+        d = indptr[v + 1] - indptr[v]
+        if d > 0:
+            total += per_node + itemsize * d
+            r = score[v] / (per_node + itemsize * d)
+            if r > hi:
+                hi = r
+    if room <= 0:
+        return 0, 0
+    if total <= room:  # the whole topology fits
+        count = 0
+        for v in range(n):
+            d = indptr[v + 1] - indptr[v]
+            if d > 0:
+                bits[v >> 6] |= np.uint64(1) << np.uint64(v & 63)
+                count += 1
+        return count, indptr[n] - indptr[0]
+    lo = 0.0
+    for _ in range(60):  # invariant: the nodes with ratio > hi fit
+        mid = 0.5 * (lo + hi)
+        cost = 0
+        for v in range(n):
+            d = indptr[v + 1] - indptr[v]
+            if d > 0 and score[v] / (per_node + itemsize * d) > mid:
+                cost += per_node + itemsize * d
+                if cost > room:
+                    break
+        if cost > room:
+            lo = mid
+        else:
+            hi = mid
+    used = 0
+    count = 0
+    edges = 0
+    for v in range(n):  # everything above the threshold
+        d = indptr[v + 1] - indptr[v]
+        if d > 0 and score[v] / (per_node + itemsize * d) > hi:
+            bits[v >> 6] |= np.uint64(1) << np.uint64(v & 63)
+            used += per_node + itemsize * d
+            count += 1
+            edges += d
+    for v in range(n):  # then the band (lo, hi], in id order, while it fits
+        d = indptr[v + 1] - indptr[v]
+        if d > 0:
+            r = score[v] / (per_node + itemsize * d)
+            if (r > lo or lo == 0.0) and r <= hi and used + per_node + itemsize * d <= room:
+                bits[v >> 6] |= np.uint64(1) << np.uint64(v & 63)
+                used += per_node + itemsize * d
+                count += 1
+                edges += d
+    return count, edges
+
+
+def _empty(tag: str, shape: tuple, dtype, fill) -> np.ndarray:
+    """A private array filled by ``fill(out)`` (``tag`` unused: the shared-memory variant names it)."""
+    out = np.empty(shape, dtype=dtype)
+    fill(out)
+    return out
+
+
+class HotLists:
+    """The neighbour lists of the hottest nodes, held in memory (``--hot-topology SIZE``).
+
+    Arrays (together :attr:`nbytes`, at most the size asked for):
+
+    - ``bits``  uint64 [ceil(N / 64)] -- bitmap of the hot nodes (node ``v``: bit ``v % 64`` of
+      word ``v // 64``);
+    - ``rank``  int64 [ceil(N / 64)] -- hot nodes before each word, so that a node's slot is
+      ``rank[v // 64]`` plus the set bits below it (O(1), no search);
+    - ``ptr``   int64 [H + 1] -- ``ids[ptr[k]:ptr[k + 1]]`` is the list of the k-th hot node (in id
+      order);
+    - ``ids``   [ptr[-1]] of the indices dtype -- the lists exactly as stored.
+
+    Which nodes (:meth:`select`): the score of node ``u`` is its expected number of draws when every
+    list is sampled once, ``sum over the lists v that hold u of min(1, fanout / deg(v))`` -- the
+    in-degree-weighted count of the lists it appears in, i.e. how often sampling makes ``u`` a
+    frontier node whose own list is read next.  Nodes are ranked by score per byte held (list
+    plus 8 bytes of offset) and taken greedily until the size is spent; nodes no list holds
+    (score 0, read only as seeds) come last.  This is the degree-based hot set of PaGraph (Lin et
+    al., SoCC'20: cache the nodes with the most out-edges, those most often sampled) and GNNLab
+    (Yang et al., EuroSys'22, which finds degree a good proxy of sampling frequency on power-law
+    graphs); weighting each occurrence by the draw probability of its list corrects for
+    high-in-degree lists, of which a fanout draws only a few.  Computing it reads the topology
+    once, sequentially, at start-up.
+    """
+
+    PER_NODE = 8  # bytes of index per hot node: its ``ptr`` entry
+
+    def __init__(self, bits: np.ndarray, rank: np.ndarray, ptr: np.ndarray, ids: np.ndarray) -> None:
+        self.bits, self.rank, self.ptr, self.ids = bits, rank, ptr, ids
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the bitmap, its ranks, offsets and lists."""
+        return int(self.bits.nbytes + self.rank.nbytes + self.ptr.nbytes + self.ids.nbytes)
+
+    @property
+    def num_nodes(self) -> int:
+        """H, the hot nodes."""
+        return int(self.ptr.shape[0] - 1)
+
+    def node_ids(self) -> np.ndarray:
+        """int64 [H] the hot nodes, ascending (list ``k`` is the ``k``-th's)."""
+        out = np.empty(self.num_nodes, dtype=np.int64)
+        _hot_nodes(self.bits, out)
+        return out
+
+    @staticmethod
+    def fixed_bytes(num_nodes: int) -> int:
+        """Bytes of a hot set over ``num_nodes`` nodes before any list: bitmap, ranks, ``ptr[0]``."""
+        return 16 * ((int(num_nodes) + 63) // 64) + 8
+
+    @staticmethod
+    def scores(indices: RawArray, indptr: np.ndarray, fanout: int = -1,
+               block_edges: int = 1 << 22) -> np.ndarray:
+        """float32 [N] expected draws of every node (see the class docstring), from one
+        sequential pass over ``indices`` in blocks of about ``block_edges`` ids."""
+        n = indptr.shape[0] - 1
+        score = np.zeros(n, dtype=np.float32)
+        a = 0
+        while a < n:
+            b = int(np.searchsorted(indptr, indptr[a] + block_edges, side="right")) - 1
+            b = min(max(b, a + 1), n)
+            ea, eb = int(indptr[a]), int(indptr[b])
+            if eb > ea:
+                _add_draw_scores(np.ascontiguousarray(indptr[a:b + 1] - ea), indices.read(ea, eb),
+                                 int(fanout), score)
+            a = b
+        return score
+
+    @classmethod
+    def select(cls, indptr: np.ndarray, score: np.ndarray, nbytes: int, itemsize: int,
+               out: np.ndarray | None = None) -> np.ndarray:
+        """Bitmap (uint64 [ceil(N / 64)], see the class docstring) of the hot nodes of a set of at
+        most ``nbytes`` bytes (all zeros when ``nbytes`` does not cover the fixed part).
+
+        Args:
+            indptr: int64 [N+1] CSC offsets; score: float32 [N] (:meth:`scores`).
+            nbytes: the size of the whole hot set in bytes; itemsize: bytes per stored id.
+            out: optional destination bitmap (zeroed here).
+        """
+        n = indptr.shape[0] - 1
+        bits = np.zeros((n + 63) // 64, dtype=np.uint64) if out is None else out
+        bits[...] = 0
+        room = int(nbytes) - cls.fixed_bytes(n)
+        if room > 0 and n:
+            _select_hot(np.ascontiguousarray(indptr, dtype=np.int64), score, int(itemsize),
+                        cls.PER_NODE, room, bits)
+        return bits
+
+    @classmethod
+    def build(cls, reader: "NeighborReader", nbytes: int, fanout: int = -1,
+              alloc=_empty, chunk_nodes: int = 1 << 16) -> "HotLists":
+        """The hot set of at most ``nbytes`` bytes over ``reader``'s topology.
+
+        Args:
+            reader: the :class:`NeighborReader` of the on-disk lists (it loads the hot lists).
+            nbytes: size of the hot set in bytes (:attr:`nbytes` is at most this).
+            fanout: the largest fanout of the sampling hops (-1: all neighbours), for the score.
+            alloc: ``alloc(tag, shape, dtype, fill) -> array`` (e.g. shared memory between local
+                ranks: ``fill(out)`` runs once per machine); default a private array.
+            chunk_nodes: hot lists loaded per read.
+
+        Raises:
+            OSError: a short read.
+        """
+        indptr = reader.indptr
+        n = indptr.shape[0] - 1
+        item = reader.itemsize
+        bits = alloc("hot_bits", ((n + 63) // 64,), np.uint64,
+                     lambda o: cls.select(indptr, cls.scores(reader.indices, indptr, fanout),
+                                          nbytes, item, o))
+        rank = alloc("hot_rank", bits.shape, np.int64, lambda o: _hot_rank(bits, o))
+        h = int(rank[-1] + _popcount(bits[-1])) if n else 0
+        nodes = np.empty(h, dtype=np.int64)  # transient: the hot nodes, ascending
+        _hot_nodes(bits, nodes)
+
+        def fill_ptr(o: np.ndarray) -> None:
+            o[0] = 0
+            np.cumsum(indptr[nodes + 1] - indptr[nodes], out=o[1:])
+
+        ptr = alloc("hot_ptr", (h + 1,), np.int64, fill_ptr)
+
+        def fill_ids(o: np.ndarray) -> None:
+            for a in range(0, h, chunk_nodes):
+                b = min(a + chunk_nodes, h)
+                reader.read(nodes[a:b], out=o[ptr[a]:ptr[b]])
+
+        ids = alloc("hot_ids", (int(ptr[-1]),), reader.indices.dtype, fill_ids)
+        reader.reset_stats()  # start-up reads are not sampling reads
+        return cls(bits, rank, ptr, ids)
+
+    def lookup(self, nodes: np.ndarray) -> tuple[np.ndarray, int]:
+        """``(slot int64 [n], hits)``: each node's rank among the hot nodes (its list is
+        ``ids[ptr[slot]:ptr[slot + 1]]``), -1 when not hot."""
+        slot = np.empty(nodes.shape[0], dtype=np.int64)
+        hits = _hot_slots(self.bits, self.rank, nodes, slot)
+        return slot, int(hits)
 
 
 class NeighborReader:
-    """Read CSC neighbour lists from disk with page-aligned reads into a bounded buffer.
+    """Read CSC neighbour lists, the hot ones from memory and the rest from disk.
 
-    Topology out of core: ``indptr`` stays in memory (8 bytes per node), ``indices`` is read per list.
-    Each read covers whole ``align``-byte pages (4 KiB) and is at most ``buffer_ids`` ids long, so a
-    list that spans two pages costs two page reads with a one-page buffer and one with a larger one.
+    Topology out of core: ``indptr`` stays in memory (8 bytes per node).  Each :meth:`read` turns
+    the lists of the nodes that are not hot into their row ids in ``topology/indices`` and reads
+    them with one :meth:`DiskRows.gather` (sorted, coalesced into requests -- with ``O_DIRECT``
+    whole 4 KiB pages and holes up to ``gap`` bytes are read through -- and ``aio_depth`` requests
+    in flight through Linux native AIO with ``O_DIRECT``, else spread over ``threads`` pread
+    threads), in pieces of at most ``chunk_edges`` ids so that the row-id scratch stays bounded
+    (about 60 bytes per id read: row ids, their order, the request plan).  Lists of nodes in
+    ``hot`` are copied from memory.
 
     Args:
-        indices: the on-disk ``topology/indices`` array (one chunk file, or page-multiple chunks).
+        indices: the on-disk ``topology/indices`` array.
         indptr: int64 [N+1] CSC offsets (in memory).
-        buffer_ids: read buffer size in ids (``>= align / itemsize``).
-        direct: open with ``O_DIRECT``.
+        buffer_ids: largest read request, in ids (``>= align / itemsize``); default
+            ``MISS_RUN_BYTES`` (128 KiB) worth.
+        direct: open with ``O_DIRECT`` (see :attr:`DiskRows.direct` for the fall-back).
+        align: the page size a request buffer must hold at least.
+        threads, aio_depth, gap: as :class:`DiskRows` (requests in flight, bytes read through).
+        hot: lists held in memory (:class:`HotLists`, attach later with :attr:`hot`); None = none.
+        chunk_edges: ids read per gather.
 
     Raises:
-        ValueError: the buffer is smaller than one page.
+        ValueError: the request buffer is smaller than one page.
     """
 
-    def __init__(self, indices: RawArray, indptr: np.ndarray, buffer_ids: int = 1 << 16,
-                 direct: bool = False, align: int = ALIGN) -> None:
+    def __init__(self, indices: RawArray, indptr: np.ndarray, buffer_ids: int | None = None,
+                 direct: bool = False, align: int = ALIGN, threads: int = 8, aio_depth: int = 32,
+                 gap: int | None = None, hot: HotLists | None = None,
+                 chunk_edges: int = 1 << 17) -> None:
         self.indices = indices
         self.indptr = np.ascontiguousarray(indptr, dtype=np.int64)
         self.itemsize = indices.dtype.itemsize
         self.align = align
-        nbytes = buffer_ids * self.itemsize
+        nbytes = MISS_RUN_BYTES if buffer_ids is None else buffer_ids * self.itemsize
         if nbytes < align:
             raise ValueError(f"read buffer of {buffer_ids} ids ({nbytes} B) is smaller than one "
                              f"{align}-byte page")
-        self.buf = aligned_empty(nbytes, align)
-        if indices.num_chunks > 1 and indices.chunk_bytes % align:
-            raise ValueError(f"{indices.path}: chunks are not page aligned")
-        self._rows = DiskRows(indices, direct=direct, threads=1, aio_depth=0)
+        self._rows = DiskRows(indices, direct=direct, threads=threads, aio_depth=aio_depth,
+                              gap=gap, max_run=nbytes)
+        self.direct = self._rows.direct
         self.counters = self._rows.counters
-        self.max_request = 0
+        self.hot = hot
+        self.chunk_edges = max(1, int(chunk_edges))
+        self.lists_hot = 0  # lists served from memory / read from disk (since the last reset)
+        self.lists_disk = 0
 
-    def read(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Neighbour lists of ``nodes``: ``(ptr int64 [n+1], ids [ptr[-1]])`` (the indices dtype);
-        the list of ``nodes[i]`` is ``ids[ptr[i]:ptr[i+1]]``, exactly as stored."""
+    def read(self, nodes: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Neighbour lists of ``nodes``: ``(ptr int64 [n+1], ids [ptr[-1]])`` of the indices dtype;
+        the list of ``nodes[i]`` is ``ids[ptr[i]:ptr[i+1]]``, exactly as stored (duplicates and
+        any order allowed).
+
+        Args:
+            nodes: int64 [n] node ids in ``[0, N)``.
+            out: optional destination for ``ids`` (C-contiguous, indices dtype, ``ptr[-1]`` long).
+
+        Raises:
+            IndexError: a node id outside ``[0, N)``.  OSError: a short read (truncated dataset).
+            CorruptChunkError: a chunk fails its checksum (checked once per process, first use).
+        """
         nodes = np.ascontiguousarray(nodes, dtype=np.int64)
-        order = np.argsort(nodes, kind="stable")  # read in file order: neighbouring lists share pages
-        snodes = nodes[order]
+        n = nodes.shape[0]
+        if n and (nodes.min() < 0 or nodes.max() >= self.indptr.shape[0] - 1):
+            bad = nodes[(nodes < 0) | (nodes >= self.indptr.shape[0] - 1)][0]
+            raise IndexError(f"node id {bad} outside [0, {self.indptr.shape[0] - 1})")
         deg = self.indptr[nodes + 1] - self.indptr[nodes]
-        ptr = np.zeros(nodes.shape[0] + 1, dtype=np.int64)
+        ptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(deg, out=ptr[1:])
-        sptr = ptr[order]  # where each sorted node's list goes in the output
-        out = np.empty(int(ptr[-1]) * self.itemsize, dtype=np.uint8)
-        v = getattr(self.indices, "verifier", None)
-        if v is not None and not v.complete and snodes.shape[0]:
-            lo = self.indptr[snodes] * self.itemsize
-            hi = self.indptr[snodes + 1] * self.itemsize
-            has = hi > lo
-            cb = self.indices.chunk_bytes
-            first_c, last_c = lo[has] // cb, (hi[has] - 1) // cb
-            wide = np.flatnonzero(last_c - first_c > 1)  # lists spanning more than two chunks
-            extra = [np.arange(first_c[i], last_c[i] + 1) for i in wide.tolist()]
-            v.ensure(np.concatenate([first_c, last_c, *extra]))
-        # one chunk file: any chunk size past the end of the file
-        chunk_bytes = self.indices.chunk_bytes if self.indices.num_chunks > 1 else 1 << 62
-        total, reqs, big, err = _read_lists(self._rows.fds, chunk_bytes, self.itemsize, self.indptr,
-                                            snodes, self.buf, out, sptr, self.align)
-        if err:
-            raise OSError(f"{self.indices.path}: short read; the dataset is truncated")
-        self.max_request = max(self.max_request, int(big))
-        self.counters.add(total, reqs)
-        return ptr, out.view(self.indices.dtype)
+        if out is None:
+            out = np.empty(int(ptr[-1]), dtype=self.indices.dtype)
+        elif out.shape != (int(ptr[-1]),) or out.dtype != self.indices.dtype:
+            raise ValueError(f"destination {out.shape} {out.dtype} for {int(ptr[-1])} ids of "
+                             f"{self.indices.dtype}")
+        hits = 0
+        if self.hot is not None and self.hot.num_nodes and n:
+            slot, hits = self.hot.lookup(nodes)
+            if hits:
+                _copy_hot(ptr, slot, self.hot.ptr, self.hot.ids, out)
+            cold = np.flatnonzero((slot < 0) & (deg > 0))
+        else:
+            cold = np.flatnonzero(deg > 0)
+        self.lists_hot += hits
+        self.lists_disk += int(cold.shape[0])
+        if cold.shape[0]:
+            cold = cold[np.argsort(nodes[cold], kind="stable")]  # file order: rows come sorted
+            cum = np.cumsum(deg[cold])
+            a = 0
+            while a < cold.shape[0]:  # pieces of at most chunk_edges ids (one list at least)
+                base = int(cum[a - 1]) if a else 0
+                b = max(a + 1, int(np.searchsorted(cum, base + self.chunk_edges, side="right")))
+                piece = cold[a:b]
+                rows = np.empty(int(cum[b - 1]) - base, dtype=np.int64)
+                _list_rows(self.indptr, nodes[piece], rows)
+                got, _ = self._rows.gather(rows)
+                _place_lists(ptr, piece, got, out)
+                a = b
+        return ptr, out
+
+    def reset_stats(self) -> None:
+        """Zero the byte, request and list counters."""
+        self.counters.bytes_read = self.counters.requests = 0
+        self.lists_hot = self.lists_disk = 0
 
     def close(self) -> None:
         self._rows.close()

@@ -140,3 +140,43 @@ def modes_and_tasks(ds: str, out: str, budgets: dict) -> None:
     finally:
         ctx.close()
     (Path(out) / f"modes{ctx.rank}.json").write_text(json.dumps(res))
+
+
+def hot_topology(ds_path: str, out: str, size: int) -> None:
+    """Two local ranks build one data path with ``--topology disk --hot-topology size``: each rank
+    writes whether its hot arrays are the machine's shared (read-only) copy, whether they equal a
+    private build, and whether its samples over the reader equal the in-memory samples."""
+    import numpy as np
+
+    from ooc.data.path import build_data_path
+    from ooc.kernels.disk_sampling import sample_blocks_lists
+    from ooc.kernels.sampling import sample_blocks
+    from ooc.storage.dataset import Dataset
+    from ooc.storage.io import HotLists, NeighborReader
+    ctx = init_from_env()
+    try:
+        ds = Dataset(ds_path)
+        cfg = _cfg(ds_path, Path(out) / "hot", topology="disk", hot_topology=str(size),
+                   partitions=8, buffer_partitions=2, fanouts=[5, 5])
+        data = build_data_path(cfg, ds, ctx)
+        hot = data.graph.reader.hot
+        ref_reader = NeighborReader(ds.raw("indices"), ds.indptr)
+        ref = HotLists.build(ref_reader, size, 5)
+        same = all(np.array_equal(getattr(hot, k), getattr(ref, k)) for k in ("bits", "rank", "ptr", "ids"))
+        rng = np.random.default_rng(ctx.rank)
+        equal = True
+        for i in range(5):
+            seeds = rng.choice(ds.num_nodes, 64, replace=False)
+            b = sample_blocks(ds.indptr, ds.indices, seeds, [5, 5], np.uint64(i))
+            c = sample_blocks_lists(data.graph.reader.read, ds.num_nodes, seeds, [5, 5], np.uint64(i))
+            equal &= bool(np.array_equal(b.nodes, c.nodes)) and all(
+                np.array_equal(x.indices, y.indices) and np.array_equal(x.indptr, y.indptr)
+                for x, y in zip(b.blocks, c.blocks))
+        rec = {"rank": ctx.rank, "shared": not hot.ids.flags.writeable, "num_nodes": hot.num_nodes,
+               "nbytes": hot.nbytes, "same": same, "equal": equal,
+               "hot_lists": data.graph.reader.lists_hot}
+        (Path(out) / f"hot{ctx.rank}.json").write_text(json.dumps(rec))
+        ref_reader.close()
+        data.close()
+    finally:
+        ctx.close()

@@ -269,7 +269,7 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                 topology_edges: int | None = None, min_state: int = 1,
                 float_copy: bool | None = None, embedding: int = 0,
                 embedding_dim: int = 0, lookahead: int = 0, loop_counts: bool = True,
-                extents: "Extents | None" = None) -> BudgetPlan:
+                extents: "Extents | None" = None, hot_topology: int = 0) -> BudgetPlan:
     """Split one machine's ``budget`` between topology, node arrays, batches in flight, sampler
     scratch, compressed rows (``compressed`` bytes of PQ codes, see :mod:`ooc.features.pq`),
     partition slots and the CPU row cache.
@@ -296,6 +296,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
             :func:`ooc.models.needs_loop_counts`).
         extents: probed batch sizes (:func:`ooc.data.autoplan.probe_extents`) for the batches in
             flight; None: the no-deduplication bound (at most the graph).
+        hot_topology: bytes of an on-disk topology's hottest lists held in memory
+            (``--hot-topology``, :class:`ooc.storage.io.HotLists`), counted with the topology.
 
     Raises:
         ValueError: the budget cannot hold the fixed parts plus the minimum the mode needs (one
@@ -318,6 +320,7 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
         e = int(topology_edges)
     elif topology in ("memory", "mmap"):
         topo += e * idx_item
+    topo += int(hot_topology)
     nodes = 4 * n + 8 * sum(ds.split(s).shape[0] for s in ("train", "valid", "test"))
     # sampler workspaces of the loader and evaluation threads (N-sized for small graphs); the
     # miss reads' request staging (at most (io_depth + 8) x MISS_RUN_BYTES, 5 MiB by default) is
@@ -368,7 +371,9 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                      "--eval-fanout; a batch's neighbourhood is at most the whole graph)")
             raise ValueError(
                 f"memory budget {format_bytes(budget)} too small"
-                + (f" for {lw} local ranks" if lw > 1 else "") + f": topology {format_bytes(topo)}, "
+                + (f" for {lw} local ranks" if lw > 1 else "") + f": topology {format_bytes(topo)}"
+                + (f" (of which --hot-topology {format_bytes(hot_topology)})" if hot_topology else "")
+                + ", "
                 f"node arrays {format_bytes(nodes)}, batches in flight {format_bytes(stage)}{which}, "
                 f"sampler scratch {format_bytes(scratch)}"
                 + (f" (of which the look-ahead window of --lookahead {lookahead} batches "
@@ -382,6 +387,7 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                    f"{format_bytes(slots_cost(need_slots))}" if need_slots else "")
                 + " (use more partitions, --topology disk, a smaller batch or a larger budget"
                 + ("; or a smaller --embedding" if embedding else "")
+                + ("; or a smaller --hot-topology" if hot_topology else "")
                 + ("; or --miss-features disk / fewer `ooc compress --subspaces`" if compressed
                    else "") + ")")
         per_slot = slots_cost(1)

@@ -30,6 +30,7 @@ Budget (``--memory-budget``, per machine): :func:`ooc.data.budget.plan_budget`; 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -59,7 +60,7 @@ from ooc.models import needs_loop_counts, to_torch_blocks
 from ooc.sampling.samplers import (NeighborSampler, Sampler, check_sampler, make_sampler,
                                   partition_clusters)
 from ooc.storage.dataset import Dataset
-from ooc.storage.io import DiskRows, NeighborReader
+from ooc.storage.io import DiskRows, HotLists, NeighborReader
 from ooc.util.sizes import format_bytes, parse_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -412,7 +413,7 @@ class DataPath:
         if self.device_cache is not None:
             self.device_cache.reset_stats()
         for r in self.readers:
-            r.counters.bytes_read = 0
+            r.reset_stats()
         self.loader.stall_s = 0.0
 
     def device_cache_stats(self) -> dict:
@@ -448,8 +449,11 @@ class DataPath:
             self._setup = None
         d = st.as_dict()
         topo = sum(r.counters.bytes_read for r in self.readers)
+        d["topology_read_requests"] = sum(r.counters.requests for r in self.readers)
+        d["topology_hot_lists"] = sum(r.lists_hot for r in self.readers)
+        d["topology_disk_lists"] = sum(r.lists_disk for r in self.readers)
         for r in self.readers:
-            r.counters.bytes_read = 0
+            r.reset_stats()
         d["topology_bytes_read"] = topo
         d["bytes_read"] += topo
         d["approx_rows"] = d["approx_rows"] + self.misses.reset_stats()
@@ -497,7 +501,7 @@ class DataPath:
             self.buffer.topo_rows.close()
 
 
-def _topology(where: str, direct_io: bool, model: str, ds: Dataset, job: Job,
+def _topology(cfg: "TrainConfig", where: str, ds: Dataset, job: Job,
               override: tuple[np.ndarray, np.ndarray] | None) -> tuple[Graph, list]:
     """The message-passing graph: ``override`` (link prediction's training graph) or the
     dataset's topology in memory (``where`` = ``memory``: one copy per machine), mapped
@@ -520,12 +524,24 @@ def _topology(where: str, direct_io: bool, model: str, ds: Dataset, job: Job,
             indices = ds.raw("indices").mmap()
     reader = None
     if indices is None:
-        reader = NeighborReader(ds.raw("indices"), indptr, direct=direct_io)
+        # buffered list reads are mostly page-cache hits (CPU-bound): at most a thread per core
+        reader = NeighborReader(ds.raw("indices"), indptr, direct=cfg.direct_io,
+                                threads=max(1, min(8, cfg.io_depth, os.cpu_count() or 1)),
+                                aio_depth=max(1, cfg.io_depth),
+                                gap=cfg.io_gap if cfg.direct_io else None)
+        hot = parse_bytes(cfg.hot_topology) if cfg.hot_topology and override is None else 0
+        if hot:  # the hottest lists in memory, one copy per machine
+            fo = -1 if min(cfg.fanouts) < 0 else max(cfg.fanouts)
+            reader.hot = HotLists.build(reader, hot, fo, lambda tag, shape, dtype, fill:
+                                        shared_array(job, tag, shape, dtype, fill))
+            log.info("hot topology: lists of %d nodes (%d edges) in memory, %s of %s",
+                     reader.hot.num_nodes, reader.hot.ids.shape[0], format_bytes(reader.hot.nbytes),
+                     format_bytes(hot))
         readers.append(reader)
     degrees = shared_array(job, "degrees", (indptr.shape[0] - 1,), np.int64,
                            lambda o: np.subtract(indptr[1:], indptr[:-1], out=o))
     loops = None
-    if needs_loop_counts(model):
+    if needs_loop_counts(cfg.model):
         loops = shared_array(job, "loops", (indptr.shape[0] - 1,), np.int32,
                              lambda o: _loop_counts(indptr, indices, ds, o))
     return Graph(indptr, indices, degrees, reader, loops), readers
@@ -652,13 +668,15 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
                               embedding=emb, embedding_dim=cfg.embedding,
                               topology_edges=topology_edges, lookahead=cfg.lookahead,
                               loop_counts=needs_loop_counts(cfg.model), extents=extents)
+    hot = parse_bytes(cfg.hot_topology) if cfg.hot_topology else 0
 
     def plan_with(topology: str, pq: bool, cache: int | None) -> BudgetPlan:
         return plan_budget(cfg.mode, budget_bytes, ds, offsets, topology, cfg.batch_size,
                            cfg.fanouts, cfg.prefetch, cfg.hidden, cfg.buffer_partitions,
                            cache if cache is not None else cache_size, cfg.cache_policy,
                            cfg.ordering, cfg.eval_batch_size, cfg.eval_fanouts,
-                           compressed=pq_need if pq else 0, **kw)
+                           compressed=pq_need if pq else 0,
+                           hot_topology=hot if topology == "disk" else 0, **kw)
 
     if cfg.topology != "auto":
         topologies = [cfg.topology]
@@ -731,7 +749,7 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
     if plan.prefetch < cfg.prefetch:
         log.info("prefetch depth %d -> %d to fit the batches in flight into the budget",
                  cfg.prefetch, plan.prefetch)
-    graph, readers = _topology(mp.topology, cfg.direct_io, cfg.model, ds, job, topology)
+    graph, readers = _topology(cfg, mp.topology, ds, job, topology)
     labels = ds.labels if ds.has("labels") else np.zeros(ds.num_nodes, dtype=np.int32)
     feats: "DiskRows | NoFeatures" = NoFeatures(ds.num_nodes)
     if has_feats:
@@ -780,5 +798,7 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
             + graph.degrees.nbytes + (graph.loops.nbytes if graph.loops is not None else 0) \
             + (graph.indices.nbytes if mp.topology == "memory" or
                                       topology is not None else 0) \
+            + (graph.reader.hot.nbytes if graph.reader is not None and graph.reader.hot is not None
+               else 0) \
             + (approx.codes.nbytes if approx is not None else 0)
     return data

@@ -254,7 +254,7 @@ RESUMABLE_CHANGES = frozenset({
     "io_depth", "io_gap",
     "prefetch", "eval_batch_size", "patience", "eval_every", "eval_mode", "eval_fanouts",
     "buffer_partitions", "lookahead",
-    "topology", "verify"})
+    "topology", "hot_topology", "verify"})
 
 
 def _check_resume_config(saved: dict, now: dict) -> None:

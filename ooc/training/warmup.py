@@ -19,7 +19,8 @@ from ooc.kernels.disk_sampling import sample_blocks_lists
 from ooc.kernels.graph import self_loop_counts
 from ooc.kernels.sampling import sample_blocks
 from ooc.models import build_model, to_torch_blocks
-from ooc.storage.io import ALIGN, aligned_empty
+from ooc.storage.io import (ALIGN, _add_draw_scores, _copy_hot, _hot_nodes, _hot_rank, _hot_slots,
+                            _list_rows, _place_lists, _select_hot, aligned_empty)
 
 __all__ = ["warm_up_runtime"]
 
@@ -62,6 +63,18 @@ def warm_up_runtime(model: str = "sage", num_layers: int = 2) -> RssMonitor:
                       np.empty((1, 1), t), np.empty(1, np.int64), np.empty(0, np.int64))
         _gather_local(np.array([0]), 1, np.zeros(1, dtype=np.int64), ALIGN // w, 1, mem.view(t),
                       np.empty((1, 1), t))
+    # --topology disk: the list reader's kernels for both index widths (--hot-topology's too)
+    for it in (np.int32, np.int64):
+        src, dst = np.array([1, 0], dtype=it), np.empty(2, dtype=it)
+        one = np.array([0], dtype=np.int64)
+        _place_lists(ip, one, src, dst)
+        _copy_hot(ip, one, ip, src, dst)
+        _add_draw_scores(ip, src, 2, np.zeros(3, dtype=np.float32))
+    _list_rows(ip, one, np.empty(2, dtype=np.int64))
+    _hot_slots(np.ones(1, dtype=np.uint64), one, one, np.empty(1, dtype=np.int64))
+    _hot_rank(np.ones(1, dtype=np.uint64), np.empty(1, dtype=np.int64))
+    _hot_nodes(np.ones(1, dtype=np.uint64), np.empty(1, dtype=np.int64))
+    _select_hot(ip, np.ones(3, dtype=np.float32), 4, 8, 64, np.zeros(1, dtype=np.uint64))
     return RssMonitor()
 
 

@@ -196,3 +196,17 @@ def test_buffer_mode_predicts_partition_loads_only(planted_dataset: Path) -> Non
     ds.close()
     loads = mp.split.predicted.bytes / part  # whole partition loads, each partition at least once
     assert loads >= 8 and loads == pytest.approx(round(loads))
+
+
+def test_hot_topology_counts_only_where_the_lists_are_on_disk(planted_dataset: Path) -> None:
+    """``--hot-topology`` with ``--topology auto``: its bytes are part of the disk candidates' plans
+    (and the split may still keep everything in memory, where it does not apply)."""
+    base = _plan(planted_dataset, mode="hybrid", memory_budget="50MB", topology="disk")
+    hot = _plan(planted_dataset, mode="hybrid", memory_budget="50MB", topology="disk",
+                hot_topology="64KB")
+    assert hot.plan.topology == base.plan.topology + 64_000
+    auto = _plan(planted_dataset, mode="hybrid", memory_budget="50MB", hot_topology="64KB")
+    mem = _plan(planted_dataset, mode="hybrid", memory_budget="50MB", topology="memory")
+    assert auto.topology == "memory" and auto.plan.topology == mem.plan.topology
+    with pytest.raises(ValueError, match="needs --topology disk or auto"):
+        _cfg(planted_dataset, topology="memory", hot_topology="64KB")

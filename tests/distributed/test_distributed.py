@@ -334,3 +334,19 @@ def test_shared_buffer_memory_is_one_buffer(tmp_path: Path) -> None:
     total_shared = sum(grown(shared, "rss_anon")) + max(m["rss_shmem"] for m in shared["host_memory"])
     assert 1.8 * buf < total_private < 2.6 * buf, (total_private, buf)
     assert 0.9 * buf < total_shared < 1.4 * buf, (total_shared, buf)
+
+
+def test_hot_topology_is_one_copy_per_machine(planted_dataset: Path, tmp_path: Path) -> None:
+    """Two local ranks with --topology disk --hot-topology: rank 1 maps rank 0's hot arrays
+    (read-only shared memory), both equal a private build and both samplers draw the in-memory
+    sample."""
+    from dist_jobs import hot_topology
+    out = tmp_path / "out"
+    out.mkdir()
+    rc = launch(hot_topology, (str(planted_dataset), str(out), 60_000), LaunchSpec(["cpu"] * 2),
+                timeout_s=JOB_TIMEOUT)
+    assert rc == 0
+    recs = [json.loads((out / f"hot{r}.json").read_text()) for r in range(2)]
+    assert recs[1]["shared"] and recs[0]["num_nodes"] == recs[1]["num_nodes"] > 0
+    assert all(r["same"] and r["equal"] and r["hot_lists"] > 0 for r in recs)
+    assert recs[0]["nbytes"] <= 60_000
