@@ -248,7 +248,8 @@ def _fault_pause(global_step: int) -> None:
 STEPS_FLUSH_S = 10.0
 
 #: Options a resumed run may change: they affect speed, logging or when training stops, never the
-#: weights of an epoch (the buffer and prefetch depth do not change batches; tested).
+#: weights of an epoch (the buffer and prefetch depth do not change batches; tested).  In buffer and
+#: hybrid mode a change that plans other buffer states (slots per state) is refused at resume.
 RESUMABLE_CHANGES = frozenset({
     "epochs", "progress", "checkpoint_every", "output_dir", "threads", "device", "io_threads",
     "io_depth", "io_gap",
@@ -333,7 +334,6 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
     if ckpt is not None:
         _check_resume_config(ckpt.get("config", {}), cfg.to_dict())
         _check_resume_layout(ckpt.get("job", {"world_size": 1, "local_world_size": 1}), layout, out)
-    cfg.save(out)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     # RSS baseline of the runtime, before any data (the budget excludes it); before seeding, so the
@@ -368,6 +368,21 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
 
     st = _State()
     metrics_path, steps_path = out / "metrics.jsonl", out / "steps.jsonl"
+    # buffer / hybrid batches follow the buffer states: a resumed run must plan the same ones
+    states = {"state_slots": data.budget.state_slots, "group": data.budget.group} \
+        if cfg.mode != "exact" else {}
+    if ckpt is not None:
+        saved = ckpt.get("states", states)
+        if saved != states:
+            task.close()
+            ds.close()
+            raise ValueError(
+                f"--resume: {out} was trained with buffer states of {saved.get('state_slots')} "
+                f"resident partitions (group {saved.get('group')}); the options given now plan "
+                f"{states.get('state_slots')} (group {states.get('group')}), which would change the "
+                f"{cfg.mode}-mode batches being resumed; resume with the interrupted run's "
+                "--memory-budget, --topology, --hot-topology, --buffer-partitions and --cache-size")
+    cfg.save(out)  # once the resume checks passed: a refused resume leaves the run's config as it was
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
@@ -395,7 +410,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
             "scheduler": sched.state_dict() if sched is not None else None,
             "scaler": scaler.state_dict() if scaler is not None else None, "rng": rng_state(),
             "state": dict(st.as_dict(), elapsed_s=st.elapsed_s + time.perf_counter() - t_start),
-            "config": cfg.to_dict(), "job": layout}, ckpt_path)
+            "config": cfg.to_dict(), "job": layout, "states": states}, ckpt_path)
 
     steps_per_epoch = task.steps_per_epoch
     bar = progress_bar(total=cfg.epochs * steps_per_epoch, initial=st.global_step, enabled=cfg.progress,

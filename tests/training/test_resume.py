@@ -151,3 +151,16 @@ def test_sigkill_mid_epoch_then_resume_hybrid(planted_dataset: Path, tmp_path: P
     mp = json.loads((part_run / "metrics.json").read_text())
     assert mp["resumed"] and mp["mode"] == "hybrid"
     _assert_identical(full_run, part_run, mf, mp)
+
+
+def test_resume_refuses_other_buffer_states(planted_dataset: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture) -> None:
+    """Hybrid batches follow the buffer states: resuming with a buffer that plans other states
+    (here 2 partition slots instead of 4) is refused, naming both; the same buffer resumes."""
+    run = tmp_path / "run"
+    train(_cfg(planted_dataset, run, epochs=1, mode="hybrid", buffer_partitions=4))
+    assert main(["train", "--resume", str(run), "--buffer-partitions", "2", "--epochs", "2",
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "buffer states of 3 resident partitions" in err and "plan 1" in err
+    assert main(["train", "--resume", str(run), "--epochs", "2", "--no-progress"]) == 0
