@@ -431,6 +431,8 @@ def validate_data_options(cfg: "TrainConfig") -> None:
         raise ValueError(f"--cache-policy {cfg.cache_policy} applies to node tasks: link prediction's "
                          "batches (positive edges and their negatives) are not sampled ahead; use "
                          "--cache-policy sieve, clock or lru")
+    if cfg.prefetch < 0:
+        raise ValueError(f"--prefetch must be >= 0 batches (0 = synchronous), got {cfg.prefetch}")
     if cfg.lookahead < 2:
         raise ValueError(f"--lookahead must be >= 2 batches, got {cfg.lookahead}")
     for opt in ("memory_budget", "cache_size", "device_cache"):

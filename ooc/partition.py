@@ -878,6 +878,10 @@ def partition_dataset(path: str | Path, num_parts: int | None, method: str = "me
     same = target.absolute() == Path(path).absolute()
     if resume and not same:
         raise ValueError("--resume finishes an interrupted in-place rewrite; it takes no --out")
+    if footprint == "low" and not same:
+        raise ValueError("--footprint low rewrites a dataset in place (consuming its old chunks); "
+                         "with --out the source stays whole and the copy path is used: drop --out "
+                         "or --footprint")
     args = {"num_parts": num_parts, "method": method, "seed": seed, "balance_train": balance_train,
             "passes": passes, "objective": objective, "edge_buckets": edge_buckets, "tol": tol,
             "memory_budget": memory_budget}

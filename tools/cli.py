@@ -353,24 +353,32 @@ def _print_summary(m: dict) -> None:
     ranks = (m.get("distributed") or {}).get("world_size", 1)
     print(f"memory        buffer {_human(m['buffer_bytes'])} of {_human(m['dataset_feature_bytes'])} "
           f"features; peak RSS {_human(m['peak_rss_bytes'])}" + (" (rank 0)" if ranks > 1 else "")
-          + f"; machine data peak {_human(machine)} over the runtime")
+          + f"; machine data peak {_human(machine)} over the runtime"
+          + (" (held to the budget + up to 64 MiB per process of runtime growth)"
+             if m["budget"].get("budget") else ""))
     b = m["budget"]
     budget = f"budget {_human(b['budget'])} planned {_human(b['planned'])}" if b.get("budget") else \
         "no budget"
     lowered = f", prefetch lowered to {b['prefetch']} to fit" if b.get("budget") and \
         b.get("prefetch", 0) < m["config"].get("prefetch", 0) else ""
     topo = f", topology {m['topology']}" if m.get("topology") else ""
-    print(f"data path     mode {m['mode']}{topo}, {budget}{lowered}; {b['slots']} partition slots of "
+    slots = f"{b['slots']} partition slot{'' if b['slots'] == 1 else 's'}"
+    staging = f", batches in flight {_human(b['staging'])}" if b.get("budget") else ""
+    print(f"data path     mode {m['mode']}{topo}, {budget}{lowered}{staging}; {slots} of "
           f"{b['num_parts']} ({b['state_slots']} resident per state), swaps {m['swaps']}, cache "
           f"{_human(m['cache_bytes'])}, runtime overhead {_human(m['rss_baseline_bytes'])}")
     split = m.get("split")
     if split:
         per_epoch = [h["train_bytes_read"] for h in hist if "train_bytes_read" in h]
-        real = (f"; measured {_human(int(sum(per_epoch) / len(per_epoch)))}") if per_epoch else ""
+        real = (f"; measured {_human(int(sum(per_epoch) / len(per_epoch)))} (mean over "
+                f"{len(per_epoch)} epoch{'s' if len(per_epoch) > 1 else ''})") if per_epoch else ""
+        tried = len(split["candidates"])
+        refused = sum(1 for c in split["candidates"] if c.get("refused"))
         print(f"budget split  chose topology {split['topology']}"
-              + (", PQ codes" if split["pq"] else "") + f", {split['slots']} partition slots, cache "
-              f"{_human(split['cache_bytes'])} of {len(split['candidates'])} splits; predicted "
-              f"training read {_human(split['predicted_bytes'])} per epoch in "
+              + (", PQ codes" if split["pq"] else "") + f", {split['slots']} partition slot"
+              f"{'' if split['slots'] == 1 else 's'}, cache {_human(split['cache_bytes'])} (best of "
+              f"{tried - refused} splits" + (f"; {refused} did not fit" if refused else "")
+              + f"); predicted training read {_human(split['predicted_bytes'])} per epoch in "
               f"{split['predicted_requests']:,} requests{real}")
     if m.get("miss_features") == "pq":
         print(f"pq            {approx:,} outer-hop rows decoded from PQ codes instead of "

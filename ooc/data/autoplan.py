@@ -7,10 +7,13 @@ combination the configuration leaves open with :func:`ooc.data.budget.plan_budge
 budget cannot hold drops out, with its reason), predicts each one's reads per training epoch from a
 short **probe** — a few batches of the epoch's own plan, sampled with the run's sampler keys over the
 lists read from disk (:func:`ooc.kernels.disk_sampling.sample_blocks_lists`) — and keeps the one
-with the fewest predicted seconds of I/O.  Every choice it makes changes speed only, never results
-(a topology in memory or on disk samples the same batches; a cache or slot count changes where a
-row comes from, not its value), except ``--miss-features auto``, which may choose PQ-decoded rows
-and is therefore never the default.
+with the fewest predicted seconds of I/O.  In exact mode its choices change speed only (a topology
+in memory or on disk samples the same batches; the cache changes where a row comes from, not its
+value).  In buffer and hybrid mode the batches follow the buffer states, so a split with another
+number of partition slots trains other batches — as any other budget does; the choice is a
+function of the configuration and the seed, so a run is reproducible and every rank agrees.
+``--miss-features auto`` may choose PQ-decoded (approximate) rows and is therefore never the
+default.
 
 The same probe sizes the batches in flight (:func:`probe_extents`): the largest probed batch's input
 rows and sampled edges, times :data:`EXTENT_MARGIN`, and never more than the graph, instead of the

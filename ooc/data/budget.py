@@ -407,7 +407,7 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                     cache = 0
     if cache_policy == "none":
         cache = 0
-    cache_rows = cache // per_row
+    cache_rows = CachedFeature.rows_for(cache // lw, row_bytes, cache_policy) * lw if cache else 0
     group = 1
     if slots >= num_parts:
         state = num_parts

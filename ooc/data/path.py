@@ -669,6 +669,9 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
                               topology_edges=topology_edges, lookahead=cfg.lookahead,
                               loop_counts=needs_loop_counts(cfg.model), extents=extents)
     hot = parse_bytes(cfg.hot_topology) if cfg.hot_topology else 0
+    # at most every list: the bitmap and ranks (16 B per 64 nodes), offsets and the lists themselves
+    n = ds.num_nodes
+    hot = min(hot, 16 * -(-n // 64) + 8 * (n + 1) + ds.num_edges * ds.raw("indices").dtype.itemsize)
 
     def plan_with(topology: str, pq: bool, cache: int | None) -> BudgetPlan:
         return plan_budget(cfg.mode, budget_bytes, ds, offsets, topology, cfg.batch_size,
@@ -698,6 +701,12 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
     else:
         split = choose_split(cfg, ds, offsets, plan_with, topologies, pqs, fractions)
         topology, pq, size, plan = split.topology, split.pq, split.cache_size, split.plan
+    if hot and topology != "disk":
+        log.warning("--hot-topology %s not used: the budget split keeps the whole topology in memory",
+                    cfg.hot_topology)
+    if cfg.miss_features == "auto" and not pq_need:
+        log.warning("--miss-features auto: %s has no PQ codes (`ooc compress` writes them); the rows "
+                    "a batch misses are read from disk", ds.path)
     return MachinePlan(plan, pq_need if pq else 0, lambda: plan_with(topology, False, size),
                        topology, split, extents)
 

@@ -379,6 +379,30 @@ class CachedFeature:
         ``belady``, next use and heap position), bit."""
         return row_bytes + 32 + 8 + 16 + 1
 
+    @staticmethod
+    def table_bytes(capacity: int, row_bytes: int, policy: str = "sieve") -> int:
+        """Exact :attr:`nbytes` of a cache of ``capacity`` rows: rows, slot keys, links and bits,
+        next uses and heap positions (``belady``), and the hash table of the smallest power of two
+        (at least 16) holding ``2 x capacity`` entries of two int64."""
+        k = max(int(capacity), 1)
+        h = 16
+        while h < 2 * k:
+            h *= 2
+        per = row_bytes + 8 * 3 + 1 + (24 if policy in LOOKAHEAD_POLICIES else 0)
+        return k * per + 16 * h
+
+    @staticmethod
+    def rows_for(nbytes: int, row_bytes: int, policy: str = "sieve") -> int:
+        """The largest capacity whose :meth:`table_bytes` fits ``nbytes`` (0 if none does)."""
+        lo, hi = 0, max(int(nbytes) // max(row_bytes + 25, 1), 0) + 1
+        while lo < hi:  # largest k with table_bytes(k) <= nbytes
+            mid = (lo + hi + 1) // 2
+            if CachedFeature.table_bytes(mid, row_bytes, policy) <= nbytes:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
     @property
     def nbytes(self) -> int:
         """Host memory held by the cache (rows and metadata)."""
@@ -500,5 +524,5 @@ def cpu_cached_feature(fallback, max_cache_size: int, policy: str = "sieve") -> 
         ValueError: unknown policy.
     """
     row_bytes = int(np.prod(tuple(fallback.shape)[1:], dtype=np.int64)) * np.dtype(fallback.dtype).itemsize
-    cap = max(0, int(max_cache_size) // CachedFeature.bytes_per_row(row_bytes))
+    cap = CachedFeature.rows_for(int(max_cache_size), row_bytes, policy)
     return CachedFeature(fallback, cap, policy)

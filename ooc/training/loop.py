@@ -317,7 +317,10 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
             out.mkdir(parents=True)
             return _train(cfg, out, resume, stop_after_steps, job, t_start)
         except BaseException:
-            if not (out / "metrics.jsonl").exists():  # created once set-up is done: keep from then
+            # keep the folder once it holds something to resume or read (a checkpoint, an epoch's
+            # record); a run that failed before either (a corrupt chunk in epoch 0) leaves none
+            m = out / "metrics.jsonl"
+            if not (out / "checkpoint.pt").exists() and not (m.exists() and m.stat().st_size):
                 shutil.rmtree(out, ignore_errors=True)
             raise
     out.mkdir(parents=True, exist_ok=True)
@@ -574,6 +577,8 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
         # per-epoch peaks reset the kernel's high-water mark, which ru_maxrss follows: the run's peak
         # is the larger of the last reading and every epoch's
         "peak_rss_bytes": max([peak_rss_bytes()] + [h.get("peak_rss_bytes", 0) for h in history]),
+        "machine_data_peak_bytes": max([h.get("machine_data_peak_bytes", 0) for h in history],
+                                       default=0),
         "epoch_peak_rss_bytes": max([h.get("peak_rss_bytes", 0) for h in history], default=0),
         "wall_time_s": elapsed0 + time.perf_counter() - t_start,
         "resumed": ckpt is not None,

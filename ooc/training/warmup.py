@@ -18,7 +18,9 @@ from ooc.features.cache import CachedFeature
 from ooc.kernels.disk_sampling import sample_blocks_lists
 from ooc.kernels.graph import self_loop_counts
 from ooc.kernels.sampling import sample_blocks
-from ooc.models import build_model, to_torch_blocks
+from ooc.data.resident import _filter_lists
+from ooc.kernels.verify import first_common, first_decrease, first_not_increasing, first_outside
+from ooc.models import Dropout, build_model, to_torch_blocks
 from ooc.storage.io import (ALIGN, _add_draw_scores, _copy_hot, _hot_nodes, _hot_rank, _hot_slots,
                             _list_rows, _place_lists, _select_hot, aligned_empty)
 
@@ -33,11 +35,16 @@ def warm_up_runtime(model: str = "sage", num_layers: int = 2) -> RssMonitor:
     budget covers everything allocated after it.
     """
     tune_allocator()
-    ip, ix = np.array([0, 1, 2, 2], dtype=np.int64), np.array([1, 0], dtype=np.int32)
-    sg = sample_blocks(ip, ix, np.array([0]), [2] * num_layers, np.uint64(1))
-    sample_blocks_lists(lambda v: (np.concatenate([[0], np.cumsum(ip[v + 1] - ip[v])]),
-                                   np.concatenate([ix[ip[u]:ip[u + 1]] for u in v])),
-                        3, np.array([0]), [2] * num_layers, np.uint64(1))
+    ip = np.array([0, 1, 2, 2], dtype=np.int64)
+    # both index widths: datasets store int32 or int64 lists, buffer mode's resident subgraph is
+    # int64, and the budget planner's probe samples over lists read from disk (a signature compiled
+    # after the baseline would count its compile memory against the budget)
+    for wide in (np.int64, np.int32):
+        ix = np.array([1, 0], dtype=wide)
+        sg = sample_blocks(ip, ix, np.array([0]), [2] * num_layers, np.uint64(1))
+        sample_blocks_lists(lambda v, ix=ix: (np.concatenate([[0], np.cumsum(ip[v + 1] - ip[v])]),
+                                              np.concatenate([ix[ip[u]:ip[u + 1]] for u in v])),
+                            3, np.array([0]), [2] * num_layers, np.uint64(1))
     blocks = to_torch_blocks(sg, np.diff(ip), self_loop_counts(ip, ix))
     net = build_model(model, 4, 4, 2, num_layers, 0.0)
     opt = torch.optim.Adam(net.parameters(), lr=0.0)
@@ -45,6 +52,24 @@ def warm_up_runtime(model: str = "sage", num_layers: int = 2) -> RssMonitor:
                                              torch.zeros(1, dtype=torch.int64))
     loss.backward()
     opt.step()
+    # dropout's kernels (layers of at least 4,096 elements), float32 and float16 inputs
+    drop = Dropout(0.5)
+    drop.train()
+    x = torch.zeros(64, 64, requires_grad=True)
+    drop(x).sum().backward()
+    drop.forward_float(torch.zeros(64, 64, dtype=torch.float16))
+    # the dataset checks run when a dataset is opened, after the baseline
+    for wide in (np.int64, np.int32):
+        a = np.zeros(2, dtype=wide)
+        first_decrease(a)
+        first_outside(a, 0, 1)
+        first_not_increasing(a)
+        first_common(a, a)
+    # buffer mode's resident subgraph, for in-edges of either width
+    for wide in (np.int64, np.int32):
+        _filter_lists(np.array([0, 1], dtype=np.int64), np.array([0], dtype=wide),
+                      np.array([0, 1], dtype=np.int64), np.zeros(1, dtype=np.int64), 1,
+                      np.zeros(1, dtype=np.int64), 0, np.empty(1, dtype=np.int64), 0)
     c = CachedFeature(_TinyRows(), 2, "sieve")
     c.gather(np.array([0, 1, 2]))
     for pol in ("clock", "lru"):

@@ -121,8 +121,11 @@ def test_batched_gather_over_disk_rows(tmp_path: Path, policy: str) -> None:
     x = np.random.default_rng(0).normal(size=(5000, 8)).astype(np.float16)
     write_array(tmp_path / "x", x, chunk_rows=1024)
     disk = DiskRows(RawArray(tmp_path / "x"), threads=2)
-    c = cpu_cached_feature(disk, max_cache_size=1000 * CachedFeature.bytes_per_row(16), policy=policy)
-    assert c.capacity == 1000
+    size = 1000 * CachedFeature.bytes_per_row(16)
+    c = cpu_cached_feature(disk, max_cache_size=size, policy=policy)
+    # the largest cache whose arrays (rows, links, the power-of-two hash table) fit the size
+    assert c.nbytes == CachedFeature.table_bytes(c.capacity, 16, policy) <= size
+    assert CachedFeature.table_bytes(c.capacity + 1, 16, policy) > size and c.capacity > 900
     rng = np.random.default_rng(1)
     for _ in range(20):
         ids = rng.integers(0, 5000, 700)
@@ -130,7 +133,7 @@ def test_batched_gather_over_disk_rows(tmp_path: Path, policy: str) -> None:
         assert np.array_equal(rows, x[ids])
     assert 0 < c.stats.hit_ratio < 1
     assert c.stats.bytes_read == disk.counters.bytes_read
-    assert c.nbytes <= 1000 * CachedFeature.bytes_per_row(16) + 4096
+    assert c.nbytes <= size
 
 
 def test_zero_capacity_and_bad_policy() -> None:
