@@ -35,6 +35,19 @@ def _plan(ds_path: Path, **kw: object):
         ds.close()
 
 
+def _dense(tmp_path: Path) -> Path:
+    """2,000 nodes, ~300,000 edges, 4 features: the topology outweighs the rows."""
+    from ooc.kernels.generators import planted_partition
+    from ooc.kernels.partition import contiguous_partitions
+
+    from ooc.ingest.convert import write_graph_dataset
+    g = planted_partition(2000, num_classes=4, avg_degree=150, feat_dim=4, noise=2.0, seed=1,
+                          train_frac=0.3)
+    return write_graph_dataset(tmp_path / "dense", g.num_nodes, g.src, g.dst, g.features, g.labels,
+                               {"train": g.train, "valid": g.valid, "test": g.test}, g.num_classes,
+                               "dense", partition_offsets=contiguous_partitions(2000, 8))
+
+
 # ------------------------------------------------------------------------------------------ probe
 def test_probe_extents_of_a_two_hub_graph(tmp_path: Path) -> None:
     """Every node's in-neighbours are the hubs 0 and 1 (0 <- 1, 1 <- 0): a batch of 4 seeds reaches
@@ -103,15 +116,7 @@ def test_no_budget_keeps_the_topology_in_memory(planted_dataset: Path) -> None:
 def test_disk_topology_when_memory_cannot_hold_it(tmp_path: Path) -> None:
     """A dense graph with narrow rows: at the smallest budget that runs with the lists on disk, the
     topology in memory does not fit, and ``auto`` chooses disk."""
-    from ooc.kernels.generators import planted_partition
-    from ooc.kernels.partition import contiguous_partitions
-
-    from ooc.ingest.convert import write_graph_dataset
-    g = planted_partition(2000, num_classes=4, avg_degree=150, feat_dim=4, noise=2.0, seed=1,
-                          train_frac=0.3)
-    path = write_graph_dataset(tmp_path / "dense", g.num_nodes, g.src, g.dst, g.features, g.labels,
-                               {"train": g.train, "valid": g.valid, "test": g.test}, g.num_classes,
-                               "dense", partition_offsets=contiguous_partitions(2000, 8))
+    path = _dense(tmp_path)
     kw = dict(mode="exact", fanouts=[3, 3], batch_size=16, eval_batch_size=16, eval_fanouts=[3, 3])
     budget = None
     for b in range(200_000, 8_000_000, 100_000):
@@ -150,15 +155,7 @@ def test_pq_codes_when_the_budget_is_below_the_features(planted_dataset: Path, t
 def test_auto_topology_trains_the_same_batches(tmp_path: Path) -> None:
     """Exact mode: the split auto chooses (lists on disk under this budget) trains exactly the losses
     of the topology in memory without a budget."""
-    from ooc.kernels.generators import planted_partition
-    from ooc.kernels.partition import contiguous_partitions
-
-    from ooc.ingest.convert import write_graph_dataset
-    g = planted_partition(2000, num_classes=4, avg_degree=150, feat_dim=4, noise=2.0, seed=1,
-                          train_frac=0.3)
-    path = write_graph_dataset(tmp_path / "dense", g.num_nodes, g.src, g.dst, g.features, g.labels,
-                               {"train": g.train, "valid": g.valid, "test": g.test}, g.num_classes,
-                               "dense", partition_offsets=contiguous_partitions(2000, 8))
+    path = _dense(tmp_path)
     kw = dict(mode="exact", fanouts=[3, 3], batch_size=64, eval_batch_size=64, eval_fanouts=[3, 3])
     budget = None
     for b in range(200_000, 8_000_000, 100_000):
