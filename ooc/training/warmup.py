@@ -100,7 +100,35 @@ def warm_up_runtime(model: str = "sage", num_layers: int = 2) -> RssMonitor:
     _hot_rank(np.ones(1, dtype=np.uint64), np.empty(1, dtype=np.int64))
     _hot_nodes(np.ones(1, dtype=np.uint64), np.empty(1, dtype=np.int64))
     _select_hot(ip, np.ones(3, dtype=np.float32), 4, 8, 64, np.zeros(1, dtype=np.uint64))
+    _warm_row_reads()
     return RssMonitor()
+
+
+def _warm_row_reads() -> None:
+    """Compile the row reader's kernels (request planning, preads; O_DIRECT where the file system
+    allows it) on an 8-row array in a temporary folder; never fails the run."""
+    import tempfile
+
+    from ooc.storage.io import DiskRows
+    from ooc.storage.rawarray import RawArray, write_array
+    try:
+        with tempfile.TemporaryDirectory(prefix="ooc-warm-") as d:
+            write_array(f"{d}/x", np.arange(8 * 4, dtype=np.float32).reshape(8, 4))
+            for direct in (False, True):
+                try:
+                    rows = DiskRows(RawArray(f"{d}/x"), direct=direct, threads=1,
+                                    gap=4096 if direct else 0, aio_depth=2 if direct else 0)
+                except (OSError, ValueError):
+                    continue
+                try:
+                    rows.gather(np.array([5, 1, 1], dtype=np.int64))
+                    rows.read_range(0, 8, aligned_empty(2 * ALIGN))  # partition loads
+                except OSError:
+                    pass
+                finally:
+                    rows.close()
+    except OSError:  # pragma: no cover - no writable temporary folder
+        pass
 
 
 class _TinyRows:
