@@ -16,14 +16,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-import numba
 import numpy as np
 from numba import njit, prange
 
 from ooc.kernels.rng import distinct_below, mix_key, rand_below
-from ooc.kernels.sampling import (_DENSE_MAX_NODES, _SERIAL_EDGES, _SORT_MAX_NODES, Block,
-                                  SampledSubgraph, _relabel_dense, _relabel_sorted, _thread_bits,
-                                  _workspace, unique_seeds)
+from ooc.kernels.sampling import (_DENSE_MAX_NODES, _SORT_MAX_NODES, Block, SampledSubgraph,
+                                  _relabel_dense, _relabel_sorted, _thread_bits, _workspace,
+                                  serial_if_small, unique_seeds)
 
 __all__ = ["sample_hop_lists", "sample_blocks_lists"]
 
@@ -112,20 +111,8 @@ def sample_blocks_lists(fetch: Callable[[np.ndarray], tuple[np.ndarray, np.ndarr
     """
     useeds, positions = unique_seeds(seeds, num_nodes)
     fo = [int(f) for f in fanouts]
-    # small batches on one thread, as the in-memory sampler: a parallel launch costs more
-    est = tot = float(useeds.shape[0])
-    for f in fo:
-        est = est * f if f >= 0 else float("inf")
-        tot += est
-    threads = numba.get_num_threads()
-    serial = tot < _SERIAL_EDGES and threads > 1
-    if serial:
-        numba.set_num_threads(1)
-    try:
+    with serial_if_small(useeds.shape[0], fo):  # small batches on one thread, as in memory
         return _sample_lists(fetch, num_nodes, useeds, positions, fo, key, replace)
-    finally:
-        if serial:
-            numba.set_num_threads(threads)
 
 
 def _sample_lists(fetch, num_nodes, useeds, positions, fanouts, key, replace) -> SampledSubgraph:

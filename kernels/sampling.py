@@ -37,7 +37,9 @@ draw index) only, so samples are identical for any thread count or worker count.
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numba
 import numpy as np
@@ -1036,6 +1038,26 @@ _DENSE_MAX_NODES = 1 << 21
 _SORT_MAX_NODES = 1 << 31
 #: batches expected to sample fewer edges than this run on one thread
 _SERIAL_EDGES = 20_000
+
+
+@contextmanager
+def serial_if_small(num_seeds: int, fanouts: list[int]) -> Iterator[None]:
+    """Run the block on one Numba thread when the batch's draws (``num_seeds`` times the running
+    product of ``fanouts`` over the hops; ``-1`` = unbounded) are under ``_SERIAL_EDGES``: a parallel
+    launch costs more than such a batch's whole sample.  The thread count is restored after."""
+    est = tot = float(num_seeds)
+    for f in fanouts:
+        est = est * f if f >= 0 else float("inf")
+        tot += est
+    threads = numba.get_num_threads()
+    serial = tot < _SERIAL_EDGES and threads > 1
+    if serial:
+        numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if serial:
+            numba.set_num_threads(threads)
 _EMPTY_I = np.empty(0, dtype=np.int64)
 
 
@@ -1083,22 +1105,9 @@ def neighbor_sample(indptr: np.ndarray, indices: np.ndarray, seeds: np.ndarray, 
         raise ValueError("LABOR sampling is uniform, without replacement and without exclusions")
     ws = _workspace(indices.dtype)
     gen = ws.next_gen()
-    # small batches run on one thread: a parallel launch costs more than their whole sample
-    est = float(useeds.shape[0])
-    tot = est
-    for f in fo.tolist():
-        est = est * f if f >= 0 else float("inf")
-        tot += est
-    threads = numba.get_num_threads()
-    serial = tot < _SERIAL_EDGES and threads > 1
-    if serial:
-        numba.set_num_threads(1)
-    try:
+    with serial_if_small(useeds.shape[0], fo.tolist()):
         out = _run_hops(indptr, indices, cumw, npos, exclude, useeds, fo, replace, labor, key,
                         return_eids, ws, gen)
-    finally:
-        if serial:
-            numba.set_num_threads(threads)
     nodes, sizes, ptr_all, ptr_off, idx_all, idx_off, eid_all = out
     blocks = []
     for h in range(fo.shape[0] - 1, -1, -1):

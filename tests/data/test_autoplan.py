@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import small_dataset
-from ooc.storage.dataset import Dataset
 
 from ooc.config import TrainConfig
 from ooc.data.autoplan import EXTENT_MARGIN, ReadCost, _cache_hit, probe_extents
 from ooc.data.path import partition_offsets, plan_machine
+from ooc.storage.dataset import Dataset
 from ooc.training.loop import train
 
 

@@ -7,13 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from ooc.tools.bench_scale import (
-    ScaleConfig,
-    format_table,
-    kill_at_step,
-    run_scale,
-    run_stage,
-)
+
+from ooc.tools.bench_scale import ScaleConfig, format_table, kill_at_step, run_scale, run_stage
 
 
 def test_run_stage_measures_rss_and_exit_code(tmp_path: Path) -> None:
