@@ -44,10 +44,11 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from ooc.data.budget import BudgetPlan
+from ooc.data.budget import BudgetPlan, _batch_extent
 from ooc.data.plan import plan_exact, plan_states
 from ooc.kernels.disk_sampling import sample_blocks_lists
 from ooc.kernels.rng import batch_key
+from ooc.kernels.sampling import SampledSubgraph
 from ooc.storage.dataset import Dataset
 from ooc.storage.io import NeighborReader
 from ooc.util.sizes import format_bytes
@@ -57,7 +58,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ReadCost", "Extents", "SplitChoice", "probe_extents", "choose_split", "EXTENT_MARGIN",
+__all__ = ["ReadCost", "Extents", "SplitChoice", "ListProbe", "probe_extents", "choose_split",
+           "EXTENT_MARGIN",
            "DISK_BYTES_PER_S", "REQUEST_S"]
 
 #: Sustained read bandwidth the cost model assumes (bytes/s).
@@ -154,7 +156,7 @@ class SplitChoice:
 
 
 # ------------------------------------------------------------------------------------------ probe
-class _Probe:
+class ListProbe:
     """Samples batches over the dataset's on-disk lists (whatever the run's ``--topology``)."""
 
     def __init__(self, ds: Dataset, indptr: np.ndarray, direct: bool) -> None:
@@ -163,7 +165,9 @@ class _Probe:
         self.reader = NeighborReader(ds.raw("indices"), indptr, direct=direct)
         self.indptr = indptr
 
-    def sample(self, seeds: np.ndarray, fanouts: list[int], key: int, replace: bool):
+    def sample(self, seeds: np.ndarray, fanouts: list[int], key: int,
+               replace: bool) -> SampledSubgraph:
+        """:func:`sample_blocks_lists` of ``seeds`` over the lists read from disk."""
         return sample_blocks_lists(self.reader.read, self.n, seeds, fanouts, np.uint64(key), replace)
 
     def close(self) -> None:
@@ -177,12 +181,7 @@ def _evenly(k: int, m: int) -> list[int]:
     return sorted({int(i) for i in np.linspace(0, m - 1, num=min(k, m))})
 
 
-def _extent_bound(n: int, avg_deg: float, batch_size: int, fanouts: list[int]) -> tuple[int, int]:
-    from ooc.data.budget import _batch_extent
-    return _batch_extent(n, avg_deg, batch_size, fanouts)
-
-
-def probe_extents(cfg: "TrainConfig", ds: Dataset, probe: "_Probe | None" = None) -> Extents:
+def probe_extents(cfg: "TrainConfig", ds: Dataset, probe: "ListProbe | None" = None) -> Extents:
     """Batch extents for the batches in flight: probed for the node-wise sampler on node
     classification (training batches of the first epoch's uniform plan, evaluation batches of the
     validation split), else the no-deduplication bound of :func:`ooc.data.budget._batch_extent`.
@@ -195,12 +194,12 @@ def probe_extents(cfg: "TrainConfig", ds: Dataset, probe: "_Probe | None" = None
     avg = e / max(n, 1)
     fo = list(cfg.fanouts)
     efo = list(cfg.eval_fanouts) if cfg.eval_fanouts else [-1] * len(fo)
-    tb = _extent_bound(n, avg, cfg.batch_size, fo)
-    eb = _extent_bound(n, avg, cfg.eval_batch_size, efo) if cfg.eval_batch_size else (0, 0)
+    tb = _batch_extent(n, avg, cfg.batch_size, fo)
+    eb = _batch_extent(n, avg, cfg.eval_batch_size, efo) if cfg.eval_batch_size else (0, 0)
     if cfg.sampler != "neighbor" or cfg.task != "node" or n == 0:
         return Extents(*tb, *eb)
     own = probe is None
-    probe = probe or _Probe(ds, ds.indptr, cfg.direct_io)
+    probe = probe or ListProbe(ds, ds.indptr, cfg.direct_io)
     try:
         def measure(ids: np.ndarray, bs: int, fanouts: list[int], bound: tuple[int, int],
                     salt: int) -> tuple[int, int, bool]:
@@ -243,7 +242,7 @@ class _StateStats:
     loads_per_epoch: int
 
 
-def _probe_states(cfg: "TrainConfig", ds: Dataset, probe: _Probe, offsets: np.ndarray,
+def _probe_states(cfg: "TrainConfig", ds: Dataset, probe: ListProbe, offsets: np.ndarray,
                   state_slots: int, group: int) -> _StateStats:
     ids = ds.split("train")
     num_parts = offsets.shape[0] - 1
@@ -366,7 +365,7 @@ def _better(cost: ReadCost, plan: BudgetPlan, best: SplitChoice) -> bool:
 def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
                  plan_with: Callable[[str, bool, int | None], BudgetPlan],
                  topologies: list[str], pqs: list[bool], cache_fractions: list[float | None],
-                 pq_bytes: int = 0) -> SplitChoice:
+                 probe: "ListProbe | None" = None) -> SplitChoice:
     """Plan every ``topology x pq x cache fraction`` with ``plan_with(topology, pq, cache_size)``
     and keep the one with the fewest predicted I/O seconds per epoch.
 
@@ -378,7 +377,7 @@ def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
         topologies: ``memory`` / ``disk`` / ``mmap`` candidates, in order of preference on ties.
         pqs: PQ candidates; cache_fractions: hybrid row-cache shares of what the slots would take
             (``None``: plan_budget's default).
-        pq_bytes: bytes of the PQ codes (for the description).
+        probe: the list sampler to probe with (default: one opened and closed here).
 
     Returns:
         The kept :class:`SplitChoice`.
@@ -390,7 +389,8 @@ def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
     t0 = time.perf_counter()
     indptr = ds.indptr
     degrees = np.diff(indptr)
-    probe = _Probe(ds, indptr, cfg.direct_io)
+    own = probe is None
+    probe = probe or ListProbe(ds, indptr, cfg.direct_io)
     stats: dict[tuple[int, int], _StateStats] = {}
     best: SplitChoice | None = None
     tried: list[tuple[str, ReadCost | None, str]] = []
@@ -428,7 +428,8 @@ def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
                     if best is None or _better(cost, plan, best):
                         best = SplitChoice(topo, pq, size, plan, cost)
     finally:
-        probe.close()
+        if own:
+            probe.close()
     if best is None:
         assert last_err is not None
         raise last_err

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ooc.contracts import Batch, EdgePairs, Graph, Job, Plan, SingleProcess
-from ooc.data.autoplan import Extents, SplitChoice, choose_split, probe_extents
+from ooc.data.autoplan import Extents, ListProbe, SplitChoice, choose_split, probe_extents
 from ooc.data.budget import (BudgetPlan, RssMonitor, mmap_threshold_for, plan_budget,
                              release_free_memory, tune_allocator)
 from ooc.data.buffer import BufferManager, make_buffer
@@ -661,54 +661,60 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
                  ds.num_nodes, cfg.embedding, device_type,
                  format_bytes(embedding_bytes(ds.num_nodes, cfg.embedding, cfg.optimizer)),
                  cfg.optimizer)
-    extents = probe_extents(cfg, ds) if budget_bytes is not None else None
-    kw: dict[str, Any] = dict(local_world=local_world, share=cfg.shared_buffer,
-                              per_rank_extra=host_cache + int(task_bytes),
-                              min_state=2 if task == "link" else 1,
-                              embedding=emb, embedding_dim=cfg.embedding,
-                              topology_edges=topology_edges, lookahead=cfg.lookahead,
-                              loop_counts=needs_loop_counts(cfg.model), extents=extents)
-    hot = parse_bytes(cfg.hot_topology) if cfg.hot_topology else 0
-    # at most every list: the bitmap and ranks (16 B per 64 nodes), offsets and the lists themselves
-    n = ds.num_nodes
-    hot = min(hot, 16 * -(-n // 64) + 8 * (n + 1) + ds.num_edges * ds.raw("indices").dtype.itemsize)
+    # one list sampler for the probes of the batch extents and of the split
+    probe = ListProbe(ds, ds.indptr, cfg.direct_io) if budget_bytes is not None else None
+    try:
+        extents = probe_extents(cfg, ds, probe) if probe is not None else None
+        kw: dict[str, Any] = dict(local_world=local_world, share=cfg.shared_buffer,
+                                  per_rank_extra=host_cache + int(task_bytes),
+                                  min_state=2 if task == "link" else 1,
+                                  embedding=emb, embedding_dim=cfg.embedding,
+                                  topology_edges=topology_edges, lookahead=cfg.lookahead,
+                                  loop_counts=needs_loop_counts(cfg.model), extents=extents)
+        hot = parse_bytes(cfg.hot_topology) if cfg.hot_topology else 0
+        # at most every list: bitmap and ranks (16 B per 64 nodes), offsets, the lists themselves
+        n, item = ds.num_nodes, ds.raw("indices").dtype.itemsize
+        hot = min(hot, 16 * -(-n // 64) + 8 * (n + 1) + ds.num_edges * item)
 
-    def plan_with(topology: str, pq: bool, cache: int | None) -> BudgetPlan:
-        return plan_budget(cfg.mode, budget_bytes, ds, offsets, topology, cfg.batch_size,
-                           cfg.fanouts, cfg.prefetch, cfg.hidden, cfg.buffer_partitions,
-                           cache if cache is not None else cache_size, cfg.cache_policy,
-                           cfg.ordering, cfg.eval_batch_size, cfg.eval_fanouts,
-                           compressed=pq_need if pq else 0,
-                           hot_topology=hot if topology == "disk" else 0, **kw)
+        def plan_with(topology: str, pq: bool, cache: int | None) -> BudgetPlan:
+            return plan_budget(cfg.mode, budget_bytes, ds, offsets, topology, cfg.batch_size,
+                               cfg.fanouts, cfg.prefetch, cfg.hidden, cfg.buffer_partitions,
+                               cache if cache is not None else cache_size, cfg.cache_policy,
+                               cfg.ordering, cfg.eval_batch_size, cfg.eval_fanouts,
+                               compressed=pq_need if pq else 0,
+                               hot_topology=hot if topology == "disk" else 0, **kw)
 
-    if cfg.topology != "auto":
-        topologies = [cfg.topology]
-    elif budget_bytes is None or not _disk_topology_allowed(cfg, task, topology_edges):
-        topologies = ["memory"]
-    else:
-        topologies = ["memory", "disk"]
-    pqs = [True] if cfg.miss_features == "pq" else [False, True] if cfg.miss_features == "auto" \
-        and pq_need else [False]
-    fractions: list[float | None] = [None]
-    if (budget_bytes is not None and cfg.mode == "hybrid" and cfg.cache_policy != "none"
-            and cache_size is None and (cfg.topology == "auto" or cfg.miss_features == "auto")
-            and ds.has("features")):
-        fractions = [0.0, 0.25, 0.5]
-    split = None
-    if len(topologies) * len(pqs) * len(fractions) == 1:
-        topology, pq, size = topologies[0], pqs[0], None
-        plan = plan_with(topology, pq, None)
-    else:
-        split = choose_split(cfg, ds, offsets, plan_with, topologies, pqs, fractions)
-        topology, pq, size, plan = split.topology, split.pq, split.cache_size, split.plan
-    if hot and topology != "disk":
-        log.warning("--hot-topology %s not used: the budget split keeps the whole topology in memory",
-                    cfg.hot_topology)
-    if cfg.miss_features == "auto" and not pq_need:
-        log.warning("--miss-features auto: %s has no PQ codes (`ooc compress` writes them); the rows "
-                    "a batch misses are read from disk", ds.path)
-    return MachinePlan(plan, pq_need if pq else 0, lambda: plan_with(topology, False, size),
-                       topology, split, extents)
+        if cfg.topology != "auto":
+            topologies = [cfg.topology]
+        elif budget_bytes is None or not _disk_topology_allowed(cfg, task, topology_edges):
+            topologies = ["memory"]
+        else:
+            topologies = ["memory", "disk"]
+        pqs = [True] if cfg.miss_features == "pq" else [False, True] if cfg.miss_features == "auto" \
+            and pq_need else [False]
+        fractions: list[float | None] = [None]
+        if (budget_bytes is not None and cfg.mode == "hybrid" and cfg.cache_policy != "none"
+                and cache_size is None and (cfg.topology == "auto" or cfg.miss_features == "auto")
+                and ds.has("features")):
+            fractions = [0.0, 0.25, 0.5]
+        split = None
+        if len(topologies) * len(pqs) * len(fractions) == 1:
+            topology, pq, size = topologies[0], pqs[0], None
+            plan = plan_with(topology, pq, None)
+        else:
+            split = choose_split(cfg, ds, offsets, plan_with, topologies, pqs, fractions, probe)
+            topology, pq, size, plan = split.topology, split.pq, split.cache_size, split.plan
+        if hot and topology != "disk":
+            log.warning("--hot-topology %s not used: the budget split keeps the whole topology "
+                        "in memory", cfg.hot_topology)
+        if cfg.miss_features == "auto" and not pq_need:
+            log.warning("--miss-features auto: %s has no PQ codes (`ooc compress` writes them); "
+                        "the rows a batch misses are read from disk", ds.path)
+        return MachinePlan(plan, pq_need if pq else 0, lambda: plan_with(topology, False, size),
+                           topology, split, extents)
+    finally:
+        if probe is not None:
+            probe.close()
 
 
 def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
