@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TrainConfig", "parse_fanouts", "evaluation_fanouts", "load_yaml", "SECTIONS",
+__all__ = ["TrainConfig", "read_ahead_batches", "parse_fanouts", "evaluation_fanouts", "load_yaml", "SECTIONS",
            "ConfigError"]
 
 SECTIONS = ("data", "sampler", "model", "task", "train", "eval", "run")
@@ -62,6 +62,24 @@ def parse_fanouts(text: str | list[int]) -> list[int]:
         if v == 0 or v < -1:
             raise ValueError(f"fanout {v} invalid: use a positive count or -1 for all neighbours")
     return vals
+
+
+def read_ahead_batches(value: "str | int") -> int | None:
+    """``--read-ahead``: ``auto`` -> None, else the number of batches (0 = off, or >= 2).
+
+    Raises:
+        ValueError: anything else (naming the value).
+    """
+    text = str(value).strip().lower()
+    if text == "auto":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n == 0 or n >= 2:
+        return n
+    raise ValueError(f"--read-ahead must be auto, 0 (off) or >= 2 batches, got {value!r}")
 
 
 def _opt(default: Any, section: str, help: str, key: str | None = None,
@@ -129,6 +147,12 @@ class TrainConfig:
                              "ahead", choices=("sieve", "clock", "lru", "belady", "none"))
     lookahead: int = _opt(16, "data", "--cache-policy belady: training batches sampled ahead, whose "
                           "rows' next uses the cache evicts by")
+    read_ahead: str = _opt("auto", "data", "training batches whose rows from outside the partition "
+                           "slots are read together, as one sorted coalesced gather held until those "
+                           "batches are built (exact and hybrid modes, node tasks; charged to the "
+                           "budget); 0 = every batch reads its own; auto: in exact mode under a "
+                           "budget without --cache-size, as many as the memory a CPU cache would "
+                           "get holds (else 0)")
     cache_size: str = _opt("", "data", "feature cache size without a budget, e.g. 256MB")
     direct_io: bool = _opt(False, "data", "read features with O_DIRECT (bypass the page cache)")
     io_depth: int = _opt(32, "data", "disk requests in flight for a batch's missing rows (Linux "
@@ -435,6 +459,18 @@ def validate_data_options(cfg: "TrainConfig") -> None:
         raise ValueError(f"--prefetch must be >= 0 batches (0 = synchronous), got {cfg.prefetch}")
     if cfg.lookahead < 2:
         raise ValueError(f"--lookahead must be >= 2 batches, got {cfg.lookahead}")
+    if read_ahead_batches(cfg.read_ahead):
+        if cfg.mode == "buffer":
+            raise ValueError("--read-ahead reads rows from outside the partition slots; buffer mode "
+                             "samples only resident partitions and reads none (use --mode exact or "
+                             "hybrid)")
+        if cfg.task == "link":
+            raise ValueError("--read-ahead applies to node tasks: link prediction's batches "
+                             "(positive edges and their negatives) are not sampled ahead")
+        if cfg.cache_policy in LOOKAHEAD_POLICIES:
+            raise ValueError(f"--read-ahead and --cache-policy {cfg.cache_policy} both plan the "
+                             "reads of batches sampled ahead (a window read bypasses the cache, so "
+                             "Belady's next uses would never be seen); use one")
     for opt in ("memory_budget", "cache_size", "device_cache"):
         if getattr(cfg, opt):
             parse_bytes(getattr(cfg, opt))

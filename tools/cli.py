@@ -364,9 +364,17 @@ def _print_summary(m: dict) -> None:
     topo = f", topology {m['topology']}" if m.get("topology") else ""
     slots = f"{b['slots']} partition slot{'' if b['slots'] == 1 else 's'}"
     staging = f", batches in flight {_human(b['staging'])}" if b.get("budget") else ""
+    ahead = ""
+    if b.get("read_ahead") and b["slots"] < b["num_parts"]:
+        last = hist[-1]
+        reads = last.get("read_ahead_reads", 0)
+        ahead = (f", read-ahead {b['read_ahead']} batches ({_human(b.get('read_ahead_bytes', 0))}"
+                 + (f"; last epoch {reads} window read{'' if reads == 1 else 's'} of "
+                    f"{_human(last.get('read_ahead_bytes', 0))} in {last.get('read_ahead_s', 0.0):.1f} s"
+                    if reads else "") + ")")
     print(f"data path     mode {m['mode']}{topo}, {budget}{lowered}{staging}; {slots} of "
           f"{b['num_parts']} ({b['state_slots']} resident per state), swaps {m['swaps']}, cache "
-          f"{_human(m['cache_bytes'])}, runtime overhead {_human(m['rss_baseline_bytes'])}")
+          f"{_human(m['cache_bytes'])}{ahead}, runtime overhead {_human(m['rss_baseline_bytes'])}")
     split = m.get("split")
     if split:
         per_epoch = [h["train_bytes_read"] for h in hist if "train_bytes_read" in h]

@@ -109,6 +109,18 @@ class Extents:
     eval_edges: int
     probed_train: bool = False
     probed_eval: bool = False
+    #: mean probed ``(input rows, sampled edges)`` times :data:`EXTENT_MARGIN` (a window of
+    #: batches holds about this much per batch); 0: not probed, use the largest
+    train_mean: tuple[int, int] = (0, 0)
+    eval_mean: tuple[int, int] = (0, 0)
+
+    def per_window_batch(self, train: bool) -> tuple[int, int]:
+        """``(rows, edges)`` to plan per batch of a read-ahead window: the mean where probed,
+        else the largest."""
+        mean = self.train_mean if train else self.eval_mean
+        if mean[0]:
+            return mean
+        return (self.train_rows, self.train_edges) if train else (self.eval_rows, self.eval_edges)
 
 
 @dataclass
@@ -202,27 +214,29 @@ def probe_extents(cfg: "TrainConfig", ds: Dataset, probe: "ListProbe | None" = N
     probe = probe or ListProbe(ds, ds.indptr, cfg.direct_io)
     try:
         def measure(ids: np.ndarray, bs: int, fanouts: list[int], bound: tuple[int, int],
-                    salt: int) -> tuple[int, int, bool]:
+                    salt: int) -> tuple[int, int, bool, tuple[int, int]]:
             if ids.shape[0] == 0 or bs <= 0:
-                return (*bound, False)
+                return (*bound, False, (0, 0))
             plan = plan_exact(ids, bs, cfg.seed, 0)
-            rows = edges = 0
+            rows, edges = [], []
             for i in _evenly(PROBE_BATCHES, len(plan.batches)):
                 sg = probe.sample(plan.batches[i], fanouts, batch_key(cfg.seed, salt, i), cfg.replace)
-                rows = max(rows, int(sg.nodes.shape[0]))
-                edges = max(edges, sum(int(b.indices.shape[0]) for b in sg.blocks))
-            return (min(bound[0], int(rows * EXTENT_MARGIN) + 1),
-                    min(bound[1], int(edges * EXTENT_MARGIN) + 1), True)
+                rows.append(int(sg.nodes.shape[0]))
+                edges.append(sum(int(b.indices.shape[0]) for b in sg.blocks))
+            mean = (min(bound[0], int(np.mean(rows) * EXTENT_MARGIN) + 1),
+                    min(bound[1], int(np.mean(edges) * EXTENT_MARGIN) + 1))
+            return (min(bound[0], int(max(rows) * EXTENT_MARGIN) + 1),
+                    min(bound[1], int(max(edges) * EXTENT_MARGIN) + 1), True, mean)
 
-        tr, te, pt = measure(ds.split("train"), cfg.batch_size, fo, tb, 0)
+        tr, te, pt, tm = measure(ds.split("train"), cfg.batch_size, fo, tb, 0)
         if eb[0] <= PROBE_EVAL_MAX_ROWS:
             ev_ids = ds.split("valid")
             if ev_ids.shape[0] == 0:
                 ev_ids = ds.split("test")
-            er, ee, pe = measure(ev_ids, cfg.eval_batch_size, efo, eb, 1)
+            er, ee, pe, em = measure(ev_ids, cfg.eval_batch_size, efo, eb, 1)
         else:
-            er, ee, pe = (*eb, False)
-        return Extents(tr, te, er, ee, pt, pe)
+            er, ee, pe, em = (*eb, False, (0, 0))
+        return Extents(tr, te, er, ee, pt, pe, tm, em)
     finally:
         if own:
             probe.close()

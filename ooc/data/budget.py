@@ -182,6 +182,10 @@ class BudgetPlan:
             ``local_world`` times.
         prefetch: batches built ahead, as planned (lowered from the configured depth when the
             batches in flight would not fit otherwise; speed only, never results).
+        read_ahead: training batches whose missing rows are read together (0: each its own);
+            read_ahead_bytes: the window's memory per rank (part of ``scratch``); eval_read_ahead:
+            evaluation batches read together in that same memory (evaluation and training never
+            hold a window at the same time).
     """
 
     budget: int | None
@@ -203,6 +207,9 @@ class BudgetPlan:
     slot_private: int = 0
     shared_slots: bool = True
     embedding: int = 0
+    read_ahead: int = 0
+    read_ahead_bytes: int = 0
+    eval_read_ahead: int = 0
 
     @property
     def planned(self) -> int:
@@ -269,7 +276,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                 topology_edges: int | None = None, min_state: int = 1,
                 float_copy: bool | None = None, embedding: int = 0,
                 embedding_dim: int = 0, lookahead: int = 0, loop_counts: bool = True,
-                extents: "Extents | None" = None, hot_topology: int = 0) -> BudgetPlan:
+                extents: "Extents | None" = None, hot_topology: int = 0,
+                read_ahead: int | None = 0, train_batches: int = 0) -> BudgetPlan:
     """Split one machine's ``budget`` between topology, node arrays, batches in flight, sampler
     scratch, compressed rows (``compressed`` bytes of PQ codes, see :mod:`ooc.features.pq`),
     partition slots and the CPU row cache.
@@ -298,6 +306,12 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
             flight; None: the no-deduplication bound (at most the graph).
         hot_topology: bytes of an on-disk topology's hottest lists held in memory
             (``--hot-topology``, :class:`ooc.storage.io.HotLists`), counted with the topology.
+        read_ahead: training batches whose missing rows are read together (``--read-ahead``,
+            :class:`ooc.data.lookahead.ReadAhead`): their samples and rows, charged per rank
+            (:func:`ooc.data.lookahead.read_ahead_bytes`); 0 = none; None (``auto``): in exact mode
+            under a budget with rows left on disk and no ``cache_size``, as many batches as the
+            memory a CPU cache would get holds (the cache gets the rest), at most
+            ``train_batches`` (a rank's steps per epoch), none below 2; otherwise 0.
 
     Raises:
         ValueError: the budget cannot hold the fixed parts plus the minimum the mode needs (one
@@ -332,6 +346,31 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
         rows, edges = _batch_extent(n, e / max(n, 1), batch_size, fanouts)
         window = lookahead_bytes(lookahead, rows, edges, n)
         scratch += window
+    from ooc.data.lookahead import read_ahead_bytes
+    ra_rows, ra_edges = (extents.per_window_batch(True) if extents is not None
+                         else _batch_extent(n, e / max(n, 1), batch_size, fanouts))
+
+    def window_bytes(w: int) -> int:
+        return read_ahead_bytes(w, ra_rows, ra_edges, n, row_bytes) if w else 0
+
+    def eval_window(room: int) -> int:
+        """Evaluation batches whose read-ahead fits in ``room`` bytes (0 below 2)."""
+        if not eval_batch_size:
+            return 0
+        if extents is not None:
+            er, ee = extents.per_window_batch(False)
+        else:
+            er, ee = _batch_extent(n, e / max(n, 1), eval_batch_size,
+                                   list(eval_fanouts) if eval_fanouts else [-1] * len(fanouts))
+        w = 0
+        while w < 1 << 16 and read_ahead_bytes(w + 1, er, ee, n, row_bytes) <= room:
+            w += 1
+        return w if w >= 2 else 0
+
+    auto_ahead = read_ahead is None
+    ahead_n = 0 if auto_ahead or mode == "buffer" or row_bytes == 0 else int(read_ahead or 0)
+    ahead = window_bytes(ahead_n)
+    scratch += ahead
     slot = BufferManager.slot_bytes(int(sizes.max()), row_bytes)
     slot_private = 0
     if mode == "buffer":  # in-edges of the partition (raw) travel with it; its local CSC per rank
@@ -378,6 +417,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                 f"sampler scratch {format_bytes(scratch)}"
                 + (f" (of which the look-ahead window of --lookahead {lookahead} batches "
                    f"{format_bytes(window)})" if window else "")
+                + (f" (of which the rows of --read-ahead {read_ahead} batches "
+                   f"{format_bytes(ahead)})" if ahead else "")
                 + (" per rank" if lw > 1 else "")
                 + (f", PQ codes {format_bytes(compressed)}" if compressed else "")
                 + (f", host-side device cache and task arrays (link split) "
@@ -388,6 +429,7 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                 + " (use more partitions, --topology disk, a smaller batch or a larger budget"
                 + ("; or a smaller --embedding" if embedding else "")
                 + ("; or a smaller --hot-topology" if hot_topology else "")
+                + ("; or a smaller --read-ahead" if ahead else "")
                 + ("; or --miss-features disk / fewer `ooc compress --subspaces`" if compressed
                    else "") + ")")
         per_slot = slots_cost(1)
@@ -396,6 +438,19 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                 slots, cache = num_parts, 0
             else:
                 slots, cache = 0, min(avail, cache_size) if cache_size else avail
+                if auto_ahead and row_bytes and not cache_size:
+                    # the memory a cache would get holds a read-ahead window instead: one sweep of
+                    # the features serves the window's batches, where a cache of a few % of the
+                    # rows saves a few % of the scattered reads (with --cache-size: the cache)
+                    room = avail // max(lw, 1)
+                    w = 0
+                    cap = max(int(train_batches), 0) or 1 << 30
+                    while w < cap and window_bytes(w + 1) <= room:
+                        w += 1
+                    if w >= 2:
+                        ahead_n, ahead = w, window_bytes(w)
+                        scratch += ahead
+                        cache = avail - lw * ahead
         else:
             cache = 0
             if mode == "hybrid" and cache_policy != "none":
@@ -424,4 +479,5 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
     return BudgetPlan(budget, int(topo), int(nodes), int(stage), int(slot), int(slots), int(state),
                       int(cache), int(cache_rows), int(group), num_parts, int(scratch),
                       int(compressed), lw, int(nodes + stage + scratch + per_rank_extra + embedding),
-                      depth, int(slot_private), bool(share), int(embedding))
+                      depth, int(slot_private), bool(share), int(embedding), int(ahead_n),
+                      int(ahead), eval_window(ahead) if ahead_n else 0)

@@ -1,7 +1,16 @@
-"""Look-ahead for exact mode's CPU row cache: the epoch's batches are known in advance (the plan, and
-sampling is a pure function of each batch's key), so the loader samples them a window ahead and the
-cache evicts by Belady's MIN over that window (``--cache-policy belady``; Ginex, Park et al.,
-VLDB'22, does the same per "superbatch").
+"""Batches sampled ahead: the epoch's batches are known in advance (the plan, and sampling is a pure
+function of each batch's key), so the loader can sample them a window ahead of their use, for two
+purposes:
+
+- :class:`ReadAhead` (``--read-ahead W``): the rows that the next ``W`` batches need from outside
+  the partition slots are read as one sorted, coalesced gather and held
+  (:class:`~ooc.features.tiers.StagedRows`) until those batches are built.  Scattered rows cost
+  one request each; the union of ``W`` batches' rows is ``W`` times denser on disk, so requests
+  merge (rows within ``--io-gap`` share one) and the read approaches the disk's sequential
+  bandwidth -- the "superbatch" of Ginex (Park et al., VLDB'22) and the batched loading of
+  GNNDrive (Jin et al., ICPP'23) applied to the reads themselves.
+- :class:`Lookahead` (``--cache-policy belady``, exact mode): the CPU row cache evicts by Belady's
+  MIN over the window (Ginex's cache).
 
 :class:`Lookahead` keeps the next ``window`` batches of the plan sampled (their
 :class:`~ooc.kernels.sampling.MiniBatch`, on the loader thread).  Every ``group`` batches it computes,
@@ -14,11 +23,13 @@ kept sample and gathered with those next uses.  The look-ahead covers ``window -
 
 Results do not depend on any of this: batches are the same samples (same keys), rows are exact
 whatever the cache holds.  Memory: the window's samples and, every ``group`` batches, a hash table
-of twice the window's rows (:func:`lookahead_bytes`, charged to the budget).
+of twice the window's rows (:func:`lookahead_bytes`, charged to the budget); a read-ahead holds its
+window's samples and rows (:func:`read_ahead_bytes`).
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Callable
 
@@ -27,9 +38,10 @@ from numba import njit
 
 from ooc.contracts import Plan
 from ooc.features.cache import NEVER, CachedFeature, _find, _hinsert
+from ooc.features.tiers import MissRows, StagedRows
 from ooc.kernels.sampling import MiniBatch
 
-__all__ = ["Lookahead", "next_uses", "lookahead_bytes"]
+__all__ = ["Lookahead", "next_uses", "lookahead_bytes", "ReadAhead", "read_ahead_bytes"]
 
 
 @njit(cache=True, nogil=True)
@@ -164,3 +176,95 @@ class Lookahead:
         uses = self._uses.popleft()
         self._pos = (id(plan), epoch, step + 1)
         return mb, uses
+
+
+def read_ahead_bytes(window: int, batch_rows: int, batch_edges: int, num_nodes: int,
+                     row_bytes: int) -> int:
+    """Host memory of a read-ahead of ``window`` batches of about ``batch_rows`` input rows and
+    ``batch_edges`` sampled edges: the kept samples (node ids 8 B per row, block CSCs ~4 B per edge
+    and 8 B per row), the window's rows (at most the graph's) with their ids, and the ids
+    concatenated and sorted once per window (16 B per row)."""
+    rows = window * batch_rows
+    held = min(rows, num_nodes)
+    return int(rows * (16 + 16) + window * batch_edges * 4 + held * (row_bytes + 8))
+
+
+class ReadAhead:
+    """Reads the rows that the next ``window`` batches of a plan miss as one gather.
+
+    At the first step of each window (and after any jump: a resume, a new epoch or plan) it samples
+    steps ``[step, step + window)``, asks ``missing(plan, step, sample)`` for the ids each will
+    need from :class:`~ooc.features.tiers.MissRows` (outside its state's partitions, not in a
+    device cache), reads their sorted union from the disk (:meth:`MissRows.read_exact`: one
+    coalesced request plan) into its own :class:`~ooc.features.tiers.StagedRows`, replacing the
+    previous window's rows, and makes that table ``misses.staged``.  Each step then takes its
+    kept sample.
+
+    Args:
+        sample: ``sample(plan, step, epoch) -> MiniBatch`` (keyed as training keys it).
+        misses: the tiers the rows are staged in.
+        window: batches per read (>= 2).
+        missing: ``missing(plan, step, sample) -> int64 ids`` of the rows a batch will not find
+            in the slots (duplicates allowed).
+
+    Attributes:
+        bytes_read, rows, reads, read_s: bytes read, rows staged, window reads and their time
+            since the last :meth:`reset_stats`.
+
+    Raises:
+        ValueError: ``window`` < 2.
+    """
+
+    def __init__(self, sample: Callable[[Plan, int, int], MiniBatch], misses: MissRows, window: int,
+                 missing: Callable[[Plan, int, MiniBatch], np.ndarray]) -> None:
+        if window < 2:
+            raise ValueError(f"read-ahead window {window}: need >= 2 batches")
+        self.sample, self.misses, self.missing = sample, misses, missing
+        self.window = int(window)
+        self._pos: tuple[int, int, int] | None = None  # (plan id, epoch, next step expected)
+        self._kept: dict[int, MiniBatch] = {}
+        self.table = StagedRows(misses.shape[1:], misses.dtype)
+        self.bytes_read = self.rows = self.reads = 0
+        self.read_s = 0.0
+
+    def _read_window(self, plan: Plan, epoch: int, step: int) -> None:
+        self.release()
+        stop = min(len(plan), step + self.window)
+        need = []
+        for j in range(step, stop):
+            mb = self.sample(plan, j, epoch)
+            self._kept[j] = mb
+            need.append(self.missing(plan, j, mb))
+        t0 = time.perf_counter()
+        ids = np.unique(np.concatenate(need)) if need else np.empty(0, dtype=np.int64)
+        del need
+        if ids.shape[0]:
+            rows, nbytes = self.misses.read_exact(ids)
+            self.table.put(ids, rows)
+            self.misses.staged = self.table
+            self.bytes_read += int(nbytes)
+            self.rows += int(ids.shape[0])
+            self.reads += 1
+        self.read_s += time.perf_counter() - t0
+
+    def take(self, plan: Plan, epoch: int, step: int) -> MiniBatch:
+        """The sample of ``plan`` step ``step`` of ``epoch``; its missing rows are staged."""
+        if self._pos != (id(plan), epoch, step) or step not in self._kept:
+            self._read_window(plan, epoch, step)
+        self._pos = (id(plan), epoch, step + 1)
+        return self._kept.pop(step)
+
+    def release(self) -> None:
+        """Drop the kept samples and the staged rows (the window's memory)."""
+        self._kept.clear()
+        self.table.clear()
+
+    def reset_stats(self) -> dict:
+        """``read_ahead_bytes``, ``read_ahead_rows``, ``read_ahead_reads``, ``read_ahead_s`` and
+        ``read_ahead_hits`` (rows served from the staged table) since the last call (then 0)."""
+        d = {"read_ahead_bytes": self.bytes_read, "read_ahead_rows": self.rows,
+             "read_ahead_reads": self.reads, "read_ahead_s": self.read_s,
+             "read_ahead_hits": self.table.reset_stats()}
+        self.bytes_read = self.rows = self.reads = 0
+        self.read_s = 0.0
+        return d

@@ -38,13 +38,14 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import numpy as np
 import torch
 
+from ooc.config import read_ahead_batches
 from ooc.contracts import Batch, EdgePairs, Graph, Job, Plan, SingleProcess
 from ooc.data.autoplan import Extents, ListProbe, SplitChoice, choose_split, probe_extents
 from ooc.data.budget import (BudgetPlan, RssMonitor, mmap_threshold_for, plan_budget,
                              release_free_memory, tune_allocator)
 from ooc.data.buffer import BufferManager, make_buffer
 from ooc.data.loader import BuildFn, Loader
-from ooc.data.lookahead import Lookahead
+from ooc.data.lookahead import Lookahead, ReadAhead
 from ooc.data.ordering import node_swap_lower_bound
 from ooc.data.plan import plan_bucket_states, plan_cluster_states, plan_exact, plan_own, plan_states
 from ooc.data.resident import ResidentGraph
@@ -131,6 +132,9 @@ class DataPath:
         self.lookahead: Lookahead | None = None
         if self.cache is not None and self.cache.lookahead:  # --cache-policy belady (exact mode)
             self.lookahead = Lookahead(self._sample_step, self.cache, cfg.lookahead, graph.num_nodes)
+        self.readahead: ReadAhead | None = None  # --read-ahead (set by build_data_path)
+        self._eval_ahead: ReadAhead | None = None  # evaluation's (made on first use)
+        self._eval_sampler: NeighborSampler | None = None
         self._plans: dict[tuple, Plan] = {}
         self._last_plan: Plan | None = None
         self.totals = {"bytes_read": 0, "row_hits": 0, "row_misses": 0}
@@ -206,11 +210,38 @@ class DataPath:
         """The training sample of ``plan`` step ``step`` (the look-ahead's, ahead of its use)."""
         return self.sampler.sample(plan.batches[step], batch_key(self.cfg.seed, epoch, plan.key(step)))
 
+    def _missing_rows(self, plan: Plan, step: int, mb: MiniBatch) -> np.ndarray:
+        """int64 ids of the rows ``plan`` step ``step`` (sampled as ``mb``) will ask the miss tiers
+        for: its input rows outside its state's partitions (exact mode: outside the static slots),
+        not in the device cache, and not decoded from PQ codes (a hybrid batch's outer hop)."""
+        ids = mb.input_nodes
+        k = plan.batch_state[step]
+        if self.pq is not None and k >= 0 and mb.blocks:
+            ids = ids[:mb.blocks[0].num_dst]
+        if self.device_cache is not None:
+            ids = ids[self.device_cache.pos_of[ids] < 0]
+        if k >= 0:
+            held = np.zeros(self.budget.num_parts, dtype=np.bool_)
+            held[plan.states[k]] = True
+        else:
+            held = self.buffer.slot_of >= 0
+        return ids[~held[self.part_of(ids)]]
+
     def iterate(self, plan: Plan, epoch: int, start: int = 0, build: BuildFn | None = None
                 ) -> Iterator[Batch]:
         """Steps ``start..`` of ``plan`` (node batches unless ``build`` is given)."""
         self._last_plan = plan
-        return self.loader.iterate(plan, epoch, start, build or self.node_batch)
+        it = self.loader.iterate(plan, epoch, start, build or self.node_batch)
+        return it if self.readahead is None else self._then_release(it)
+
+    def _then_release(self, it: Iterator[Batch]) -> Iterator[Batch]:
+        """``it``, then the read-ahead's window dropped (its rows are not kept for evaluation)."""
+        try:
+            yield from it
+        finally:
+            it.close()  # type: ignore[attr-defined]
+            if self.readahead is not None:
+                self.readahead.release()
 
     def _tensor(self, rows: np.ndarray, native: bool = False) -> torch.Tensor:
         """``rows`` as a tensor: float32, row-normalised with ``feat_norm='row'``; with ``native``
@@ -260,7 +291,7 @@ class DataPath:
 
     def sample(self, seeds: np.ndarray, key: int | np.uint64, state: int,
                exclude: tuple[np.ndarray, np.ndarray] | None = None, approx: bool = False,
-               ahead: tuple[MiniBatch, np.ndarray] | None = None
+               ahead: tuple[MiniBatch, np.ndarray | None] | None = None
                ) -> tuple[MiniBatch, np.ndarray, list, torch.Tensor, Any, float]:
         """Sample around global ``seeds`` and gather the input rows.
 
@@ -270,7 +301,8 @@ class DataPath:
             exclude: ``(src, dst)`` global edges the sampler must not draw.
             approx: outer-hop misses may be decoded from PQ codes (hybrid training batches).
             ahead: the batch's sample made ahead by the look-ahead, with its rows' next uses
-                (exact mode, ``--cache-policy belady``): not sampled again.
+                (exact mode, ``--cache-policy belady``; None with ``--read-ahead``): not sampled
+                again.
 
         Returns:
             ``(sample, global output ids, blocks, x, device-cache split, sampling seconds)``.
@@ -310,6 +342,8 @@ class DataPath:
         ahead = None
         if self.lookahead is not None and self._last_plan is not None:
             ahead = self.lookahead.take(self._last_plan, epoch, index)
+        elif self.readahead is not None and self._last_plan is not None:
+            ahead = (self.readahead.take(self._last_plan, epoch, index), None)
         mb, out, blocks, x, split, ts = self.sample(seeds, key, state, approx=True, ahead=ahead)
         y = torch.from_numpy(np.asarray(self.labels[out]).astype(np.int64))
         lw = None if mb.node_weight is None else torch.from_numpy(mb.node_weight.astype(np.float32))
@@ -358,10 +392,38 @@ class DataPath:
         return NeighborSampler(g.indptr, g.indices, fanouts, replace=self.cfg.replace, reader=g.reader
                                if g.indices is None else None)
 
-    def eval_batch(self, index: int, seeds: np.ndarray, sampler: NeighborSampler) -> Batch:
-        """An evaluation batch: exact rows, keyed by ``batch_key(seed, -1, index)``."""
+    def eval_builder(self, ids: np.ndarray, batch_size: int, sampler: NeighborSampler
+                     ) -> Callable[[int], Batch]:
+        """``build(j)``: evaluation batch ``j`` of ``ids`` in batches of ``batch_size`` (keyed by
+        its first position, :meth:`eval_batch`).  With a training read-ahead the missing rows of
+        ``budget.eval_read_ahead`` batches are read together in its memory (built in order)."""
+        starts = list(range(0, ids.shape[0], batch_size))
+        w = self.budget.eval_read_ahead if self.readahead is not None else 0
+        if w < 2:
+            return lambda j: self.eval_batch(starts[j], ids[starts[j]:starts[j] + batch_size], sampler)
+        plan = Plan(batches=[ids[s:s + batch_size] for s in starts], batch_state=[-1] * len(starts),
+                    keys=starts)
+        self._eval_sampler = sampler
+        if self._eval_ahead is None:
+            self._eval_ahead = ReadAhead(
+                lambda p, j, epoch: self._eval_sampler.sample(  # type: ignore[union-attr]
+                    p.batches[j], batch_key(self.cfg.seed, -1, p.key(j))),
+                self.misses, w, self._missing_rows)
+        ra = self._eval_ahead
+
+        def build(j: int) -> Batch:
+            b = self.eval_batch(starts[j], plan.batches[j], sampler, ra.take(plan, -1, j))
+            if j == len(starts) - 1:
+                ra.release()
+            return b
+        return build
+
+    def eval_batch(self, index: int, seeds: np.ndarray, sampler: NeighborSampler,
+                   sample: MiniBatch | None = None) -> Batch:
+        """An evaluation batch: exact rows, keyed by ``batch_key(seed, -1, index)`` (``sample``:
+        that sample, made ahead)."""
         t0 = time.perf_counter()
-        mb = sampler.sample(seeds, batch_key(self.cfg.seed, -1, index))
+        mb = sample if sample is not None else sampler.sample(seeds, batch_key(self.cfg.seed, -1, index))
         blocks = to_torch_blocks(mb, self.graph.degrees, self.graph.loops)
         t1 = time.perf_counter()
         x, split = self._inputs(mb, None, None, None)
@@ -410,6 +472,8 @@ class DataPath:
         if self.cache is not None:
             self.cache.reset_stats()
         self.misses.reset_stats()
+        if self.readahead is not None:
+            self.readahead.reset_stats()
         if self.device_cache is not None:
             self.device_cache.reset_stats()
         for r in self.readers:
@@ -434,7 +498,8 @@ class DataPath:
         """Bytes read since the epoch's counters were last reset (features, partition loads and
         lists), without resetting them: the training share of an epoch, read before evaluation."""
         setup = self._setup.bytes_read if self._setup is not None else 0
-        return int(self.buffer.stats.bytes_read + setup
+        ahead = self.readahead.bytes_read if self.readahead is not None else 0
+        return int(self.buffer.stats.bytes_read + setup + ahead
                    + sum(r.counters.bytes_read for r in self.readers))
 
     def epoch_stats(self) -> dict:
@@ -457,6 +522,12 @@ class DataPath:
         d["topology_bytes_read"] = topo
         d["bytes_read"] += topo
         d["approx_rows"] = d["approx_rows"] + self.misses.reset_stats()
+        if self.readahead is not None:
+            d.update(self.readahead.reset_stats())
+            d["bytes_read"] += d["read_ahead_bytes"]
+            ev = self._eval_ahead.reset_stats() if self._eval_ahead is not None else {}
+            d["bytes_read"] += ev.get("read_ahead_bytes", 0)
+            d.update({"eval_" + k: v for k, v in ev.items()})
         if self.cache is not None:
             d.update(self.cache.reset_stats().as_dict())
         else:
@@ -608,6 +679,18 @@ class MachinePlan:
     extents: Extents | None = None
 
 
+def _read_ahead(cfg: "TrainConfig", task: str, ds: Dataset) -> int | None:
+    """``plan_budget``'s ``read_ahead``: the batches given, None for ``auto`` where it applies
+    (exact mode, node task, features, no look-ahead cache policy), else 0."""
+    n = read_ahead_batches(cfg.read_ahead)
+    if n is not None:
+        return n if task == "node" and ds.has("features") else 0
+    if cfg.mode == "exact" and task == "node" and ds.has("features") \
+            and cfg.cache_policy not in LOOKAHEAD_POLICIES:
+        return None
+    return 0
+
+
 def _disk_topology_allowed(cfg: "TrainConfig", task: str, topology_edges: int | None) -> bool:
     """Whether ``--topology auto`` may keep the lists on disk for this run."""
     if task == "link" or topology_edges is not None:
@@ -670,6 +753,8 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
                                   min_state=2 if task == "link" else 1,
                                   embedding=emb, embedding_dim=cfg.embedding,
                                   topology_edges=topology_edges, lookahead=cfg.lookahead,
+                                  read_ahead=_read_ahead(cfg, task, ds),
+                                  train_batches=-(-ds.split("train").shape[0] // cfg.batch_size),
                                   loop_counts=needs_loop_counts(cfg.model), extents=extents)
         hot = parse_bytes(cfg.hot_topology) if cfg.hot_topology else 0
         # at most every list: bitmap and ranks (16 B per 64 nodes), offsets, the lists themselves
@@ -808,6 +893,11 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
              f" for {job.local_world_size} local ranks" if job.local_world_size > 1 else "")
     data = DataPath(cfg, ds, job, graph, labels, offsets, plan, buffer, misses, sampler, readers, rss)
     data.topology, data.split = mp.topology, mp.split
+    if plan.read_ahead and task == "node" and has_feats:
+        if plan.slots >= plan.num_parts:
+            log.info("--read-ahead %d: every partition is resident, no row is read", plan.read_ahead)
+        else:
+            data.readahead = ReadAhead(data._sample_step, misses, plan.read_ahead, data._missing_rows)
     if job.local_world_size > 1:  # what the machine's ranks hold once
         data.shared_bytes = (buffer.alloc_bytes if buffer.shared else 0) + graph.indptr.nbytes \
             + graph.degrees.nbytes + (graph.loops.nbytes if graph.loops is not None else 0) \

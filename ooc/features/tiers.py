@@ -2,8 +2,9 @@
 
 A row is looked up, in order, in the device cache (on the loader thread,
 :mod:`ooc.features.device`), the resident partition slots (:class:`ooc.data.buffer.BufferManager`),
-then here: the CPU row cache (:class:`~ooc.features.cache.CachedFeature`, optional), then the PQ
-codes (:class:`~ooc.features.pq.CompressedRows`, optional: only rows a caller allows to be
+then here: the rows read ahead for the upcoming batches (:class:`StagedRows`, filled by
+:class:`ooc.data.lookahead.ReadAhead`, optional), the CPU row cache
+(:class:`~ooc.features.cache.CachedFeature`, optional), then the PQ codes (:class:`~ooc.features.pq.CompressedRows`, optional: only rows a caller allows to be
 approximate -- the outermost hop of a hybrid training batch) or the disk
 (:class:`~ooc.storage.io.DiskRows`, batched coalesced reads).  Exact rows read from disk are
 admitted to the cache; decoded rows never are.
@@ -17,7 +18,7 @@ from ooc.features.cache import CachedFeature
 from ooc.features.pq import CompressedRows
 from ooc.storage.io import DiskRows
 
-__all__ = ["MissRows", "NoFeatures"]
+__all__ = ["MissRows", "NoFeatures", "StagedRows"]
 
 
 class _NoRead:
@@ -71,6 +72,66 @@ class NoFeatures:
         return None
 
 
+class StagedRows:
+    """Rows read ahead: sorted unique node ids and their rows, replaced as a whole by :meth:`put`.
+
+    A lookup is a binary search of the ids (``O(n log m)``); the rows are exact copies of the
+    feature array, so a batch gathers the same values from here as from the disk.  The table is
+    one ``(ids, rows)`` pair swapped at once, so a lookup on another thread sees either the old or
+    the new table, never a mix.
+
+    Args:
+        row_shape: shape of one row; dtype: the storage dtype.
+
+    Attributes:
+        hits: rows served since the last :meth:`reset_stats`.
+    """
+
+    def __init__(self, row_shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.row_shape = tuple(row_shape)
+        self.dtype = np.dtype(dtype)
+        self._table = (np.empty(0, dtype=np.int64), np.empty((0, *self.row_shape), dtype=self.dtype))
+        self.hits = 0
+
+    @property
+    def size(self) -> int:
+        """Rows held."""
+        return int(self._table[0].shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        ids, rows = self._table
+        return int(ids.nbytes + rows.nbytes)
+
+    def put(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        """Hold ``rows`` (``[m, *row_shape]``) of the sorted unique int64 ``ids`` (replacing what
+        was held)."""
+        if ids.shape[0] != rows.shape[0]:
+            raise ValueError(f"{ids.shape[0]} ids for {rows.shape[0]} rows")
+        self._table = (ids, rows)
+
+    def clear(self) -> None:
+        self._table = (np.empty(0, dtype=np.int64), np.empty((0, *self.row_shape), dtype=self.dtype))
+
+    def peek(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows [n, *row_shape] (undefined where not found), found bool [n])`` of int64 ``ids``."""
+        held, rows = self._table
+        out = np.empty((ids.shape[0], *self.row_shape), dtype=self.dtype)
+        if held.shape[0] == 0 or ids.shape[0] == 0:
+            return out, np.zeros(ids.shape[0], dtype=np.bool_)
+        pos = np.minimum(np.searchsorted(held, ids), held.shape[0] - 1)
+        found = held[pos] == ids
+        hit = np.flatnonzero(found)
+        out[hit] = rows[pos[hit]]
+        self.hits += int(hit.shape[0])
+        return out, found
+
+    def reset_stats(self) -> int:
+        """Rows served since the last call (then 0)."""
+        n, self.hits = self.hits, 0
+        return n
+
+
 class MissRows:
     """Rows that missed the partition slots: CPU cache -> PQ codes (approximable rows) or disk.
 
@@ -80,6 +141,7 @@ class MissRows:
         pq: the PQ codes (None: approximable rows are read exactly).
 
     Attributes:
+        staged: the rows read ahead for the upcoming batches, looked up before the cache.
         approx_rows: rows decoded from PQ codes since the last :meth:`reset_stats`.
     """
 
@@ -92,6 +154,7 @@ class MissRows:
         self.pq = pq
         self.shape = tuple(disk.shape)
         self.dtype = np.dtype(disk.dtype)
+        self.staged = StagedRows(self.shape[1:], self.dtype)
         self.approx_rows = 0
 
     def reset_stats(self) -> int:
@@ -104,15 +167,40 @@ class MissRows:
             return self.cache.gather(ids, next_use)
         return self.disk.gather(ids)
 
+    def read_exact(self, ids: np.ndarray) -> tuple[np.ndarray, int]:
+        """Exact rows of int64 ``ids`` read from the disk as one coalesced gather: ``(rows, bytes
+        read)`` (a read-ahead window; the CPU cache is neither consulted nor filled, so the rows
+        are held once).
+
+        Raises:
+            IndexError, OSError, CorruptChunkError: as :meth:`ooc.storage.io.DiskRows.gather`.
+        """
+        return self.disk.gather(np.ascontiguousarray(ids, dtype=np.int64))
+
     def gather(self, ids: np.ndarray, approx_from: int | None = None,
                next_use: np.ndarray | None = None) -> tuple[np.ndarray, int]:
         """Rows of ``ids`` (int64 [n]): ``(rows [n, *row_shape] storage dtype, bytes read)``.
 
-        Rows at positions ``>= approx_from`` are decoded from the PQ codes unless the CPU cache
-        holds them; without codes (or ``approx_from`` None) every row is exact.  ``next_use``
-        (int64 [n]) goes to a look-ahead cache (exact rows only: exact mode).
+        Rows read ahead (:attr:`staged`) are served first.  Rows at positions ``>= approx_from``
+        are decoded from the PQ codes unless the CPU cache holds them; without codes (or
+        ``approx_from`` None) every row is exact.  ``next_use`` (int64 [n]) goes to a look-ahead
+        cache (exact rows only: exact mode).
         """
         ids = np.ascontiguousarray(ids, dtype=np.int64)
+        if self.staged.size and ids.shape[0]:
+            out, found = self.staged.peek(ids)
+            rest = np.flatnonzero(~found)
+            if rest.shape[0] == 0:
+                return out, 0
+            af = None if approx_from is None else int(np.searchsorted(rest, approx_from))
+            rows, nbytes = self._tiers(ids[rest], af, None if next_use is None else next_use[rest])
+            out[rest] = rows
+            return out, nbytes
+        return self._tiers(ids, approx_from, next_use)
+
+    def _tiers(self, ids: np.ndarray, approx_from: int | None,
+               next_use: np.ndarray | None) -> tuple[np.ndarray, int]:
+        """:meth:`gather` behind the staged rows: CPU cache, then PQ codes or disk."""
         if approx_from is None or self.pq is None or approx_from >= ids.shape[0]:
             return self._exact(ids, next_use)
         cut = max(int(approx_from), 0)

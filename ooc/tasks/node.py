@@ -91,9 +91,8 @@ def evaluate_nodes(model: nn.Module, data: DataPath, ids: np.ndarray, num_layers
     device = torch.device(device)
     model.eval()
     sampler = data.eval_sampler(fo)
-    starts = list(range(0, ids.shape[0], batch_size))
-    it = prefetched(lambda j: data.eval_batch(starts[j], ids[starts[j]:starts[j] + batch_size], sampler),
-                    0, len(starts), prefetch, lambda s: None)
+    it = prefetched(data.eval_builder(ids, batch_size, sampler), 0, -(-ids.shape[0] // batch_size),
+                    prefetch, lambda s: None)
     half = takes_half(model)
     for b in it:
         blocks, x = b.inputs(device, native=half)

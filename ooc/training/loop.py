@@ -254,7 +254,7 @@ RESUMABLE_CHANGES = frozenset({
     "epochs", "progress", "checkpoint_every", "output_dir", "threads", "device", "io_threads",
     "io_depth", "io_gap",
     "prefetch", "eval_batch_size", "patience", "eval_every", "eval_mode", "eval_fanouts",
-    "buffer_partitions", "lookahead",
+    "buffer_partitions", "lookahead", "read_ahead",
     "topology", "hot_topology", "verify"})
 
 

@@ -176,3 +176,147 @@ def test_exact_training_with_belady_equals_without_cache(planted_dataset: Path, 
     assert train(cfg, resume=True)["losses"] == free["losses"]
     with pytest.raises(ValueError, match="needs --mode exact"):
         _cfg(planted_dataset, tmp_path / "x", cache_policy="belady", mode="hybrid").validate()
+
+
+# ---------------------------------------------------------------- read-ahead (--read-ahead)
+
+def test_staged_rows_serve_held_ids_and_report_the_rest() -> None:
+    """A staged table answers exactly the held ids (any order, duplicates), nothing else."""
+    from ooc.features.tiers import StagedRows
+    st = StagedRows((2,), np.dtype(np.float32))
+    held = np.array([3, 7, 8, 20], dtype=np.int64)
+    st.put(held, np.repeat(held[:, None], 2, 1).astype(np.float32))
+    ids = np.array([8, 0, 20, 8, 21, 3, 2], dtype=np.int64)
+    rows, found = st.peek(ids)
+    assert found.tolist() == [True, False, True, True, False, True, False]
+    assert rows[found, 0].tolist() == [8, 20, 8, 3] and st.reset_stats() == 4
+    st.clear()
+    assert st.size == 0 and not st.peek(ids)[1].any()
+    with pytest.raises(ValueError, match="3 ids for 2 rows"):
+        st.put(np.arange(3, dtype=np.int64), np.zeros((2, 2), np.float32))
+
+
+class CountingRows(Ident):
+    """Rows ``[v, v]`` that record every gather's ids."""
+
+    def __init__(self) -> None:
+        self.calls: list[np.ndarray] = []
+
+    def gather(self, ids: np.ndarray) -> tuple[np.ndarray, int]:
+        self.calls.append(np.asarray(ids).copy())
+        return super().gather(ids)
+
+
+def test_read_ahead_reads_each_window_once_and_batches_get_exact_rows() -> None:
+    """Every ``window`` steps one gather reads the sorted union of the window's missing rows; the
+    batches then find all of them staged (no other read), and rows are the disk's values.  A jump
+    (resume) starts a window there; ``release`` drops the rows."""
+    from types import SimpleNamespace
+
+    from ooc.contracts import Plan
+    from ooc.data.lookahead import ReadAhead
+    from ooc.features.tiers import MissRows
+    bs = batches(5, 400, 10, 40)
+    plan = Plan(batches=bs, batch_state=[-1] * len(bs))
+    disk = CountingRows()
+    misses = MissRows(disk)  # type: ignore[arg-type]
+
+    def sample(p: Plan, j: int, epoch: int) -> SimpleNamespace:
+        return SimpleNamespace(input_nodes=p.batches[j])
+
+    def missing(p: Plan, j: int, mb: SimpleNamespace) -> np.ndarray:
+        return mb.input_nodes[mb.input_nodes >= 100]  # rows below 100 are "resident"
+    ra = ReadAhead(sample, misses, 4, missing)  # type: ignore[arg-type]
+    for j in range(10):
+        mb = ra.take(plan, 0, j)
+        assert mb.input_nodes is bs[j]
+        need = bs[j][bs[j] >= 100]
+        rows, nbytes = misses.gather(need)
+        assert nbytes == 0 and rows[:, 0].tolist() == need.tolist()
+    assert len(disk.calls) == 3  # windows 0-3, 4-7, 8-9
+    for w, c in zip((range(0, 4), range(4, 8), range(8, 10)), disk.calls):
+        u = np.unique(np.concatenate([bs[j] for j in w]))
+        assert c.tolist() == u[u >= 100].tolist()
+    st = ra.reset_stats()
+    assert st["read_ahead_reads"] == 3 and st["read_ahead_rows"] == sum(len(c) for c in disk.calls)
+    assert st["read_ahead_hits"] == sum(int((b >= 100).sum()) for b in bs)
+    ra.take(plan, 0, 6)  # a jump: the window restarts at 6
+    assert disk.calls[-1].tolist() == np.unique(np.concatenate(bs[6:10]))[
+        np.unique(np.concatenate(bs[6:10])) >= 100].tolist()
+    ra.release()
+    assert misses.staged.size == 0
+    with pytest.raises(ValueError, match=">= 2"):
+        ReadAhead(sample, misses, 1, missing)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", ["exact", "hybrid"])
+def test_read_ahead_trains_the_losses_of_reading_per_batch(planted_dataset: Path, tmp_path: Path,
+                                                           mode: str) -> None:
+    """``--read-ahead``: the same losses and accuracy as the same run without it (exact mode: as
+    without a budget), rows asked for by several batches read once, and the same again after a
+    resume (exact: a budget with a CPU cache; hybrid: 3 of 8 partitions resident)."""
+    kw: dict = (dict(mode=mode, memory_budget="8MB", cache_size="60kB", topology="memory")
+                if mode == "exact" else dict(mode=mode, buffer_partitions=3))
+    off = train(_cfg(planted_dataset, tmp_path / "off", read_ahead="0", **kw))
+    on = train(_cfg(planted_dataset, tmp_path / "on", read_ahead="4", **kw))
+    assert on["losses"] == off["losses"] and on["test_acc"] == off["test_acc"]
+    if mode == "exact":
+        assert on["losses"] == train(_cfg(planted_dataset, tmp_path / "free"))["losses"]
+    h = on["history"][-1]
+    assert h["read_ahead_reads"] == -(-(on["steps"] // 2) // 4) and h["read_ahead_hits"] > 0  # 2 epochs
+    assert h["read_ahead_rows"] < h["row_misses"]  # rows asked by several batches read once
+    from ooc.training.loop import Interrupted
+    cfg = _cfg(planted_dataset, tmp_path / "resumed", read_ahead="4", checkpoint_every=2, **kw)
+    with pytest.raises(Interrupted):
+        train(cfg, stop_after_steps=3)
+    assert train(cfg, resume=True)["losses"] == off["losses"]
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(read_ahead="1"), "auto, 0 \\(off\\) or >= 2 batches, got '1'"),
+    (dict(read_ahead="many"), "got 'many'"),
+    (dict(read_ahead="4", mode="buffer"), "buffer mode"),
+    (dict(read_ahead="4", task="link"), "node tasks"),
+    (dict(read_ahead="4", cache_policy="belady"), "use one"),
+])
+def test_read_ahead_refuses_what_it_cannot_serve(planted_dataset: Path, tmp_path: Path, kw: dict,
+                                                 match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        _cfg(planted_dataset, tmp_path / "x", **kw).validate()
+
+
+@pytest.fixture(scope="module")
+def wide_planted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3,000 nodes with 256 float32 features (3 MB: a 16-seed batch touches a few % of them)."""
+    from ooc.ingest.convert import write_graph_dataset
+    from ooc.kernels.generators import planted_partition
+    from ooc.kernels.partition import contiguous_partitions
+    g = planted_partition(3000, num_classes=4, avg_degree=8, feat_dim=256, noise=2.0, seed=1,
+                          train_frac=0.3)
+    return write_graph_dataset(tmp_path_factory.mktemp("wide") / "wide", g.num_nodes, g.src, g.dst,
+                               g.features, g.labels, {"train": g.train, "valid": g.valid,
+                                                      "test": g.test}, g.num_classes, "planted",
+                               partition_offsets=contiguous_partitions(3000, 8))
+
+
+def test_exact_evaluation_reads_ahead_in_the_training_window(wide_planted: Path,
+                                                             tmp_path: Path) -> None:
+    """``--read-ahead auto`` in exact mode under a budget: the window takes the cache's memory,
+    evaluation reads its batches' rows together in the same memory, and losses and scores are
+    those of reading per batch."""
+    kw = dict(memory_budget="4MB", topology="memory", batch_size=16, fanouts=[3, 3],
+              eval_batch_size=16, epochs=1)
+    off = train(_cfg(wide_planted, tmp_path / "off", read_ahead="0", **kw))
+    on = train(_cfg(wide_planted, tmp_path / "on", **kw))
+    assert on["losses"] == off["losses"]
+    assert (on["val_acc"], on["test_acc"]) == (off["val_acc"], off["test_acc"])
+    b = on["budget"]
+    assert b["read_ahead"] >= 2 and b["eval_read_ahead"] >= 2 and b["slots"] == 0
+    assert b["cache"] < off["budget"]["cache"] and b["read_ahead_bytes"] > 0
+    assert b["planned"] <= b["budget"]
+    h = on["history"][-1]
+    assert h["read_ahead_reads"] == -(-on["steps"] // b["read_ahead"])
+    assert h["eval_read_ahead_reads"] >= 2 and h["eval_read_ahead_hits"] > 0
+    # rows asked for by several batches of a window are read once (bytes can be higher than a
+    # cache's on a graph this small: a batch touches a sixth of it and a cache hits 70%)
+    assert h["read_ahead_rows"] < off["history"][-1]["row_misses"]
