@@ -26,6 +26,7 @@ import logging
 import sys
 from pathlib import Path
 
+from ooc.tools.options import SizeAction, size_options
 from ooc.util.sizes import format_bytes as _human
 
 __all__ = ["main", "build_parser"]
@@ -150,7 +151,8 @@ def _add_graph_args(p: argparse.ArgumentParser, node_files: bool = True) -> None
     p.add_argument("--feat-dtype", choices=["float32", "float16"], default="float32")
     p.add_argument("--nan-policy", choices=["error", "zero"], default="error",
                    help="NaN/inf features: reject (default) or replace by 0")
-    p.add_argument("--memory-budget", default="2GB", help="memory for the CSC build (default 2GB)")
+    p.add_argument("--memory-budget", action=SizeAction, default="2GB",
+                   help="memory for the CSC build (default 2GB)")
     p.add_argument("--partitions", type=int, help="store P contiguous node partitions")
     p.add_argument("--progress", action="store_true", help="progress bars")
     p.add_argument("--split-random", metavar="TRAIN,VALID,TEST",
@@ -585,6 +587,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
             kw["type"] = tp if tp in (int, float, str) else str
             if f.metadata.get("choices"):
                 kw["choices"] = list(f.metadata["choices"])
+            if f.metadata.get("size"):
+                kw.update(action=SizeAction, empty=True)
         p.add_argument(*names, **kw)
 
 
@@ -694,7 +698,7 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("--self-loops", choices=["keep", "remove"], default="keep")
     rm.add_argument("--dedup", action="store_true")
     rm.add_argument("--feat-dtype", choices=["float16", "float32"], default="float16")
-    rm.add_argument("--memory-budget", default="2GB")
+    rm.add_argument("--memory-budget", action=SizeAction, default="2GB")
     rm.add_argument("--partitions", type=int)
     rm.add_argument("--progress", action="store_true")
     rm.add_argument("--wait", action="store_true", help="wait for a process using --out")
@@ -710,7 +714,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="edge counts, e.g. 100M 1B (default 100M)")
     bc.add_argument("--nodes", type=_count, help="N (default E/20)")
     bc.add_argument("--workdir", default="bench-data", help="input/output folder (~20 B per edge)")
-    bc.add_argument("--memory-budget", default="2GB")
+    bc.add_argument("--memory-budget", action=SizeAction, default="2GB")
     bc.add_argument("--baseline", action="store_true", help="also run the in-memory NumPy build")
     bc.add_argument("--no-drop-caches", action="store_true", help="keep the page cache warm")
     bc.add_argument("--seed", type=int, default=0)
@@ -796,17 +800,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _join_list_values(argv: list[str]) -> list[str]:
-    """``--fanout -1,-1`` -> ``--fanout=-1,-1``: argparse would take ``-1,-1`` for an option."""
+def _join_dash_values(argv: list[str], sizes: set[str]) -> list[str]:
+    """``--fanout -1,-1`` -> ``--fanout=-1,-1`` and ``--memory-budget -16MB`` ->
+    ``--memory-budget=-16MB`` (for every option in ``sizes``): argparse would take a value that
+    begins with ``-`` for an option and report ``expected one argument``; joined, a fanout of -1
+    means all neighbours and a negative size is refused by its option (:mod:`ooc.tools.options`)."""
     import re
     out: list[str] = []
     i = 0
     while i < len(argv):
         a = argv[i]
-        if a in ("--fanout", "--fanouts", "--eval-fanout", "--eval-fanouts") and \
-                i + 1 < len(argv) and \
-                re.fullmatch(r"-?\d+(,-?\d+)*,?", argv[i + 1]):
-            out.append(f"{a}={argv[i + 1]}")
+        nxt = argv[i + 1] if i + 1 < len(argv) else ""
+        if (a in ("--fanout", "--fanouts", "--eval-fanout", "--eval-fanouts") and
+                re.fullmatch(r"-?\d+(,-?\d+)*,?", nxt)) or \
+                (a in sizes and re.match(r"-\.?\d", nxt)):
+            out.append(f"{a}={nxt}")
             i += 2
             continue
         out.append(a)
@@ -877,7 +885,8 @@ def main(argv: list[str] | None = None) -> int:
     # sleeping waiters cost little.  Set before torch is imported; an explicit setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = build_parser()
-    args = parser.parse_args(_join_list_values(list(sys.argv[1:] if argv is None else argv)))
+    args = parser.parse_args(_join_dash_values(list(sys.argv[1:] if argv is None else argv),
+                                               size_options(parser)))
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from ooc.config import ConfigError

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ooc.tools.options import SizeAction
+
 __all__ = ["add_partition_parser"]
 
 
@@ -51,7 +53,7 @@ def add_partition_parser(sub: argparse._SubParsersAction) -> None:
                    help="allowed imbalance of nodes (stream) and training nodes (default: 0.05)")
     p.add_argument("--no-balance-train", action="store_true",
                    help="do not balance training nodes across partitions")
-    p.add_argument("--memory-budget", default="2GB",
+    p.add_argument("--memory-budget", action=SizeAction, default="2GB",
                    help="memory of the rewrite: its node-sized index arrays (~36 B/node) plus "
                         "the rewrite groups (default: 2GB)")
     p.add_argument("--no-edge-buckets", action="store_true",
