@@ -19,7 +19,7 @@ def _cmd_partition(args: argparse.Namespace) -> int:
                                   objective=args.objective, memory_budget=args.memory_budget,
                                   edge_buckets=not args.no_edge_buckets, tol=args.tolerance,
                                   overwrite=args.overwrite, footprint=args.footprint,
-                                  resume=args.resume)
+                                  resume=args.resume, progress=args.progress)
     print(res.format())
     held, group = res.extra.get("held_bytes"), res.extra.get("group_bytes")
     split = (f": {format_bytes(held)} held whole (index arrays, one output chunk), "
@@ -67,6 +67,9 @@ def add_partition_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true",
                    help="finish an interrupted in-place rewrite (the arguments it was started "
                         "with are kept; the same command again does the same)")
+    p.add_argument("--progress", action="store_true",
+                   help="progress bars (streaming passes, edge cut, each step of the rewrite; METIS "
+                        "runs as one call without one)")
     p.add_argument("--wait", action="store_true",
                    help="wait for processes using the dataset (a training run) instead of failing")
     p.set_defaults(func=_cmd_partition)
