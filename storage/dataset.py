@@ -748,7 +748,7 @@ class Dataset:
                 problems.append(f"missing array {ARRAY_NAMES[req]}")
         if problems:
             return problems
-        problems += self._check_metadata()
+        problems += self.check_metadata()
         if problems:  # reads below would trust broken metadata
             return problems
         step = 1 << 24
@@ -829,8 +829,13 @@ class Dataset:
                 problems.append("nodes/perm is not a permutation of [0, N)")
         return problems
 
-    def _check_metadata(self) -> list[str]:
-        """Each manifest array's ``zarr.json`` agrees with it and its chunk files are full size."""
+    def check_metadata(self, chunk_files: bool = True) -> list[str]:
+        """Each manifest array's ``zarr.json`` is readable Zarr v3 metadata that agrees with the
+        manifest (shape, dtype, chunk rows) and, with ``chunk_files``, its chunk files are full size.
+
+        Returns:
+            The problems found (empty when sound), each naming the array and the file.
+        """
         problems: list[str] = []
         for rel, rec in sorted(self.manifest["arrays"].items()):
             try:
@@ -849,7 +854,7 @@ class Dataset:
             for what, w, g in zip(("shape", "dtype", "chunk rows"), want, got):
                 if w != g:
                     problems.append(f"{meta}: {what} {g} disagrees with the manifest ({w})")
-            if got != want:
+            if got != want or not chunk_files:
                 continue
             for i in range(arr.num_chunks):
                 f = arr.chunk_path(i)

@@ -230,8 +230,13 @@ def _cmd_bench_convert(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- info / verify
 def _cmd_info(args: argparse.Namespace) -> int:
-    from ooc.storage.dataset import Dataset
+    from ooc.storage.dataset import Dataset, DatasetError
     ds = Dataset(args.dataset)
+    problems = ds.check_metadata(chunk_files=False)  # what info shows comes from this metadata
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise DatasetError(f"{problems[0]}{more}: the dataset is damaged (`ooc verify {ds.path}` lists "
+                           "every problem)")
     man = ds.manifest
     usage = ds.disk_usage()
     if args.json:

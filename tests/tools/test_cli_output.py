@@ -1,4 +1,5 @@
-"""What the CLI writes outside training: first-run notice, quiet broken pipes, progress lines in logs."""
+"""What the CLI writes outside training: first-run notice, quiet broken pipes, progress lines in logs,
+`ooc info` on damaged metadata."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import small_dataset
+from ooc.tools.cli import main
 
 CLI = [sys.executable, "-m", "ooc.tools.cli"]
 
@@ -45,3 +49,23 @@ def test_convert_progress_into_a_log_file_is_lines(tmp_path: Path) -> None:
     assert "\r" not in r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("count:")]
     assert lines[0].startswith("count:   0%") and lines[-1].startswith("count: 100%")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not json", "missing"])
+@pytest.mark.parametrize("array", ["nodes/labels", "nodes/features", "topology/indptr"])
+def test_info_refuses_damaged_array_metadata(tmp_path: Path, capsys: pytest.CaptureFixture, array: str,
+                                             damage: str) -> None:
+    """Metadata of an array info does not otherwise read: one line naming the file, status 2."""
+    ds = small_dataset(tmp_path / "ds", 4, [0, 1, 2], [1, 2, 3])
+    meta = ds / "arrays.zarr" / array / "zarr.json"
+    if damage == "missing":
+        meta.unlink()
+    else:
+        meta.write_text(meta.read_text()[:50] if damage == "truncated" else "{not json")
+    for json_out in ([], ["--json"]):
+        assert main(["info", str(ds), *json_out]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1, err
+        assert err.startswith("ooc info: error: ") and str(meta) in err
+        assert ("Zarr array metadata missing" if damage == "missing" else "not valid JSON") in err
+        assert f"`ooc verify {ds}` lists every problem" in err
