@@ -652,15 +652,24 @@ class Dataset:
         if key not in self._cache:
             if rel not in self.manifest["arrays"]:
                 raise DatasetError(f"{self.path}: dataset has no array {rel}")
-            try:
-                arr = RawArray(self.path / "arrays.zarr" / rel)
-            except (ValueError, KeyError, TypeError) as e:
-                raise DatasetError(f"{self.path}: array {rel}: {e}") from None
+            arr = self._open_array(rel)
             if self.verify == "checksums" and self._from_catalog:
                 arr.verifier = verifier_for(self.path, rel, arr.path, arr.num_chunks, arr.chunk_key,
                                             self.checksums(rel))
             self._cache[key] = arr
         return self._cache[key]
+
+    def _open_array(self, rel: str) -> RawArray:
+        """A new :class:`RawArray` of ``rel`` (not cached, no checksum verifier).
+
+        Raises:
+            DatasetError: its ``zarr.json`` is not Zarr v3 metadata ooc reads (the file named).
+            FileNotFoundError: its ``zarr.json`` is missing (named).
+        """
+        try:
+            return RawArray(self.path / "arrays.zarr" / rel)
+        except (ValueError, KeyError, TypeError) as e:
+            raise DatasetError(f"{self.path}: array {rel}: {e}") from None
 
     def checksums(self, rel: str) -> dict[str, str]:
         """``{chunk_key: blake2b hex}`` of array ``rel`` from the catalog (read once)."""
@@ -904,13 +913,19 @@ class Dataset:
         return [f"id map {k} holds {v} entries, expected N = {n}" for k, v in counts.items() if v != n]
 
     def verify_checksums(self) -> list[str]:
-        """Re-hash every chunk file against the catalog; returns problems naming array and chunk."""
+        """Re-hash every chunk file against the catalog; returns problems naming array and chunk
+        (an array whose ``zarr.json`` is unreadable is one problem, worded as
+        :meth:`check_metadata` words it, and its chunks are not hashed)."""
         problems: list[str] = []
         cat = Catalog(self.path / "catalog.lmdb")
         try:
             for rel in self.manifest["arrays"]:
                 expected = cat.get_json(f"checksums/{rel}", {})
-                arr = RawArray(self.path / "arrays.zarr" / rel)
+                try:
+                    arr = self._open_array(rel)
+                except (DatasetError, FileNotFoundError) as e:
+                    problems.append(str(e))
+                    continue
                 for key, digest in sorted(expected.items()):
                     f = arr.path / key
                     try:

@@ -291,14 +291,17 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    """Status 0: sound; 1: problems found, one ``ooc verify: error:`` line each; 2: not checked
+    (not a dataset, an unreadable catalog, a pending rewrite: the CLI's one-line error)."""
     from ooc.storage.dataset import Dataset
     ds = Dataset(args.dataset, verify="none")  # every problem listed: chunks re-hashed below
     problems = ds.check_structure()
     if not args.structure_only:
         problems += ds.verify_checksums()
     if problems:
-        for p in problems:
-            print(f"FAIL {ds.path}: {p}", file=sys.stderr)
+        for p in dict.fromkeys(problems):  # an unreadable zarr.json is met by both passes
+            where = "" if p.startswith(str(ds.path)) else f"{ds.path}: "
+            print(f"ooc verify: error: {where}{p}", file=sys.stderr)
         return 1
     print(f"OK {ds.path}: structure{'' if args.structure_only else ' and checksums'} verified")
     return 0
@@ -740,7 +743,12 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(func=_cmd_info)
 
-    ver = sub.add_parser("verify", help="check checksums and structural invariants")
+    ver = sub.add_parser("verify", help="check checksums and structural invariants",
+                         description="Check every array's metadata and chunk files, the structural "
+                                     "invariants and every chunk's checksum. Exit status 0: sound; 1: "
+                                     "problems found (one `ooc verify: error:` line each); 2: not "
+                                     "checked (not a dataset, an unreadable catalog, an interrupted "
+                                     "in-place partition).")
     ver.add_argument("dataset")
     ver.add_argument("--structure-only", action="store_true", help="skip the checksum pass")
     ver.set_defaults(func=_cmd_verify)

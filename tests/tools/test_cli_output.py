@@ -1,5 +1,5 @@
 """What the CLI writes outside training: first-run notice, quiet broken pipes, progress lines in logs,
-`ooc info` on damaged metadata."""
+`ooc info` on damaged metadata, `ooc verify`'s problem lines."""
 
 from __future__ import annotations
 
@@ -69,3 +69,23 @@ def test_info_refuses_damaged_array_metadata(tmp_path: Path, capsys: pytest.Capt
         assert err.startswith("ooc info: error: ") and str(meta) in err
         assert ("Zarr array metadata missing" if damage == "missing" else "not valid JSON") in err
         assert f"`ooc verify {ds}` lists every problem" in err
+
+
+def test_verify_problem_lines_share_the_error_prefix(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Structure and checksum problems alike: ``ooc verify: error: DATASET: ...``, status 1; a
+    dataset that cannot be checked at all: the CLI's one-line error, status 2; sound: 0."""
+    ds = small_dataset(tmp_path / "ds", 4, [0, 1, 2], [1, 2, 3])
+    assert main(["verify", str(ds)]) == 0
+    assert capsys.readouterr().out == f"OK {ds}: structure and checksums verified\n"
+    chunk = ds / "arrays.zarr/topology/indices/c/0"
+    raw = bytearray(chunk.read_bytes())
+    raw[0] = 9  # node id 9 of 4: a structural problem and a checksum failure
+    chunk.write_bytes(bytes(raw))
+    assert main(["verify", str(ds)]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and all(ln.startswith(f"ooc verify: error: {ds}: ") for ln in lines), lines
+    assert "outside [0, 4)" in lines[0] and "fails its checksum" in lines[1]
+    assert main(["verify", str(ds), "--structure-only"]) == 1
+    assert len(capsys.readouterr().err.splitlines()) == 1
+    assert main(["verify", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err == f"ooc verify: error: {tmp_path / 'none'}: no such dataset directory\n"
