@@ -835,6 +835,30 @@ def _join_dash_values(argv: list[str], sizes: set[str]) -> list[str]:
     return out
 
 
+class _PlainFormatter(logging.Formatter):
+    """Log records worded as the CLI's other messages: ``ooc COMMAND: warning: MESSAGE``."""
+
+    def __init__(self, command: str) -> None:
+        super().__init__("%(message)s")
+        self.prefix = f"ooc {command}"
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{self.prefix}: {record.levelname.lower()}: {super().format(record)}"
+
+
+def _setup_logging(command: str, verbose: bool) -> None:
+    """Warnings of every command on stderr as plain lines (``ooc partition: warning: ...``, like
+    ``ooc partition: error: ...``); with ``-v`` every record from DEBUG on, timestamped and named by
+    its logger, for diagnosis. Does nothing where logging is already configured (an embedding
+    program, pytest)."""
+    if verbose:
+        logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(_PlainFormatter(command))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+
+
 _HUGETLB = "glibc.malloc.hugetlb=1"
 
 
@@ -900,8 +924,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(_join_dash_values(list(sys.argv[1:] if argv is None else argv),
                                                size_options(parser)))
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    _setup_logging(args.command, args.verbose)
     from ooc.config import ConfigError
     from ooc.storage.dataset import DatasetError
     from ooc.ingest.planetoid import PlanetoidError

@@ -1,5 +1,5 @@
 """What the CLI writes outside training: first-run notice, quiet broken pipes, progress lines in logs,
-`ooc info` on damaged metadata, `ooc verify`'s problem lines."""
+`ooc info` on damaged metadata, `ooc verify`'s problem lines, warnings."""
 
 from __future__ import annotations
 
@@ -89,3 +89,21 @@ def test_verify_problem_lines_share_the_error_prefix(tmp_path: Path, capsys: pyt
     assert len(capsys.readouterr().err.splitlines()) == 1
     assert main(["verify", str(tmp_path / "none")]) == 2
     assert capsys.readouterr().err == f"ooc verify: error: {tmp_path / 'none'}: no such dataset directory\n"
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_warnings_read_like_the_cli_errors(verbose: bool) -> None:
+    """Every command's warnings: ``ooc COMMAND: warning: ...``; ``-v``: timestamped records of every level."""
+    code = ("import logging\n"
+            "from ooc.tools.cli import _setup_logging\n"
+            f"_setup_logging('train', {verbose})\n"
+            "logging.getLogger('ooc.data').warning('%s holds 4 stored partitions', 'DS')\n"
+            "logging.getLogger('ooc.data').info('planned')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    if verbose:
+        lines = r.stderr.splitlines()
+        assert len(lines) == 2 and lines[0].endswith(" ooc.data WARNING DS holds 4 stored partitions")
+        assert lines[1].endswith(" ooc.data INFO planned")
+    else:
+        assert r.stderr == "ooc train: warning: DS holds 4 stored partitions\n"
