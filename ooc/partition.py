@@ -890,7 +890,9 @@ def partition_dataset(path: str | Path, num_parts: int | None, method: str = "me
 
     Returns:
         ``(path of the rewritten dataset, PartitionResult)``; ``result.extra["footprint"]`` says
-        which path ran (``copy`` / ``low``; ``resumed`` for a finished interrupted rewrite).
+        which path ran (``copy`` / ``low``; ``resumed`` for a finished interrupted rewrite),
+        ``result.extra["memory_budget"]`` the budget it ran under (bytes; a resumed rewrite's is the
+        one it was started with, from its journal, as are ``held_bytes`` and ``group_bytes``).
 
     Locks: in place, the dataset's exclusive lock for the whole run (a training run reading it makes
     this fail at once, naming it, and the other way round); with ``out``, the source's shared lock
@@ -935,7 +937,7 @@ def partition_dataset(path: str | Path, num_parts: int | None, method: str = "me
                                      f"finish first: run `ooc partition {path} --resume`")
                 log.warning("%s: finishing the interrupted in-place rewrite (phase %s)", path, j["phase"])
                 new, res = finish_rewrite(path, progress=progress)
-                res.extra["footprint"] = "resumed"
+                res.extra.update(footprint="resumed", memory_budget=parse_bytes(j["args"]["memory_budget"]))
                 return new, res
             if resume:
                 if j is None:
@@ -947,10 +949,12 @@ def partition_dataset(path: str | Path, num_parts: int | None, method: str = "me
             raise ValueError("--parts is required")
         if args["num_parts"] is None:
             raise ValueError("--parts is required (unless --resume)")
-        return _partition(path, args["num_parts"], args["method"], target, same, args["seed"],
-                          args["balance_train"], args["passes"], args["objective"],
-                          args["memory_budget"], args["edge_buckets"], args["tol"], overwrite,
-                          footprint, args, progress)
+        new, res = _partition(path, args["num_parts"], args["method"], target, same, args["seed"],
+                              args["balance_train"], args["passes"], args["objective"],
+                              args["memory_budget"], args["edge_buckets"], args["tol"], overwrite,
+                              footprint, args, progress)
+        res.extra["memory_budget"] = parse_bytes(args["memory_budget"])
+        return new, res
     finally:
         lock.release()
 

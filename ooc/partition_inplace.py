@@ -242,7 +242,7 @@ def rewrite_in_place(ds: Dataset, result: PartitionResult, args: dict, memory_bu
                     spool_bytes=[0] * num_groups, consumed_chunks=0, placed_groups=0,
                     checksums={}, buckets_done=not edge_buckets, num_parts=plan.num_parts,
                     index_dtype=plan.index_dtype.name, group_budget=plan.group_budget,
-                    chunk_bytes=plan.chunk_bytes)
+                    chunk_bytes=plan.chunk_bytes, held_bytes=plan.held)
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)  # the source is untouched
         raise
@@ -263,7 +263,9 @@ def finish_rewrite(path: str | os.PathLike, progress: bool = False) -> tuple[Pat
     ``progress`` shows a bar per remaining step (spool, placement, edge buckets).
 
     Returns:
-        ``(path, PartitionResult)`` with the assignment the rewrite was started with.
+        ``(path, PartitionResult)`` with the assignment the rewrite was started with, and in its
+        ``extra`` the split of the memory budget that run made (``held_bytes``: None in a journal
+        written before it was recorded; ``group_bytes``).
 
     Raises:
         DatasetError: no rewrite is pending, its journal is from another version, or a file the
@@ -317,7 +319,7 @@ def _finish(path: Path, root: Path, j: dict, progress: bool = False) -> tuple[Pa
                           train_per_part=np.asarray(s["train_per_part"], dtype=np.int64),
                           seconds=s["seconds"], moved=s["moved_by_constraints"],
                           extra={k: s[k] for k in ("passes", "objective") if k in s})
-    res.extra.update(held_bytes=None, group_bytes=j["group_budget"])
+    res.extra.update(held_bytes=j.get("held_bytes"), group_bytes=j["group_budget"])  # the run's split
     return path, res
 
 

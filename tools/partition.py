@@ -10,8 +10,8 @@ __all__ = ["add_partition_parser"]
 
 
 def _cmd_partition(args: argparse.Namespace) -> int:
-    from ooc.util.sizes import format_bytes, parse_bytes
     from ooc.partition import partition_dataset
+    from ooc.util.sizes import format_bytes
     if args.parts is None and not args.resume:
         raise ValueError("--parts is required (unless --resume)")
     path, res = partition_dataset(args.dataset, args.parts, args.method, out=args.out, seed=args.seed,
@@ -26,7 +26,8 @@ def _cmd_partition(args: argparse.Namespace) -> int:
              f"{format_bytes(group)} for rewrite groups" if held is not None else "")
     how = {"low": ", in place with the low disk footprint",
            "resumed": ", finishing the interrupted in-place rewrite"}.get(res.extra.get("footprint"), "")
-    print(f"wrote {path}{how} (memory budget {format_bytes(parse_bytes(args.memory_budget))}{split})")
+    # the budget the rewrite ran under: a resumed one's is the interrupted run's, not --memory-budget
+    print(f"wrote {path}{how} (memory budget {format_bytes(res.extra['memory_budget'])}{split})")
     return 0
 
 
