@@ -83,12 +83,16 @@ def read_ahead_batches(value: "str | int") -> int | None:
 
 
 def _opt(default: Any, section: str, help: str, key: str | None = None,
-         choices: tuple[str, ...] | None = None) -> Any:
+         choices: tuple[str, ...] | None = None, size: bool = False) -> Any:
+    """A field with its section, help and, optionally, its choices or ``size`` (a byte size such as
+    ``4GB``, read with :func:`ooc.util.sizes.parse_bytes`; empty: none)."""
     meta = {"section": section, "help": help}
     if key:
         meta["key"] = key
     if choices:
         meta["choices"] = choices
+    if size:
+        meta["size"] = True
     if isinstance(default, list):
         return field(default_factory=lambda d=default: list(d), metadata=meta)
     if isinstance(default, dict):
@@ -122,14 +126,14 @@ class TrainConfig:
     hot_topology: str = _opt("", "data", "--topology disk: bytes of the topology kept in memory for "
                              "the hottest nodes (most often drawn, per byte), e.g. 256MB; their "
                              "lists are served from memory, the rest read from disk; counted in "
-                             "--memory-budget (empty or 0: none)")
+                             "--memory-budget (empty or 0: none)", size=True)
     # out-of-core data path (see ooc.data.path)
     mode: str = _opt("exact", "data", "exact: full-graph sampling, misses via cache + batched reads; "
                      "buffer: sample inside resident partitions (MariusGNN); hybrid: seeds from resident "
                      "partitions, full-graph sampling", choices=("exact", "buffer", "hybrid"))
     memory_budget: str = _opt("", "data", "host-memory budget for topology, node arrays, batches, "
                               "partition slots and cache, e.g. 4GB (empty: sizes from "
-                              "--buffer-partitions / --cache-size)")
+                              "--buffer-partitions / --cache-size)", size=True)
     ordering: str = _opt("comet", "data", "buffer/hybrid partition ordering: sequential or comet "
                          "(two-level randomised)", choices=("sequential", "comet"))
     hybrid_mix: float = _opt(0.25, "data", "hybrid: fraction of each batch's seeds drawn from all "
@@ -153,7 +157,7 @@ class TrainConfig:
                            "budget); 0 = every batch reads its own; auto: in exact mode under a "
                            "budget without --cache-size, as many as the memory a CPU cache would "
                            "get holds (else 0)")
-    cache_size: str = _opt("", "data", "feature cache size without a budget, e.g. 256MB")
+    cache_size: str = _opt("", "data", "feature cache size without a budget, e.g. 256MB", size=True)
     direct_io: bool = _opt(False, "data", "read features with O_DIRECT (bypass the page cache)")
     io_depth: int = _opt(32, "data", "disk requests in flight for a batch's missing rows (Linux "
                          "native AIO with --direct-io; else min(io_depth, 8) pread threads); partition "
@@ -167,7 +171,7 @@ class TrainConfig:
                        "blake2b checksum the first time it is read) or structure (the scans only)",
                        choices=("checksums", "structure"))
     device_cache: str = _opt("", "data", "per-device hot-feature cache size, e.g. 8GB (empty = none; "
-                             "on CPU a separate tensor tier)")
+                             "on CPU a separate tensor tier)", size=True)
     device_cache_policy: str = _opt("degree", "data", "what the device cache holds: degree (highest "
                                     "out-degree, PaGraph) or presample (most accessed in a pre-sampled "
                                     "epoch, GNNLab)", choices=("degree", "presample"))
@@ -420,10 +424,6 @@ class TrainConfig:
             raise ValueError("early_stop score_or_loss needs a validation loss: task node only")
         if self.task == "link" and self.neg_ratio < 1:
             raise ValueError("link prediction needs neg_ratio >= 1")
-        if self.device_cache:
-            from ooc.util.sizes import parse_bytes
-            if parse_bytes(self.device_cache) < 0:
-                raise ValueError(f"device_cache must be a size >= 0, got {self.device_cache!r}")
         if not self.dataset:
             raise ValueError("no dataset given (positional DATASET, data.dataset in --config, or "
                              "--set data.dataset=PATH)")
@@ -471,9 +471,12 @@ def validate_data_options(cfg: "TrainConfig") -> None:
             raise ValueError(f"--read-ahead and --cache-policy {cfg.cache_policy} both plan the "
                              "reads of batches sampled ahead (a window read bypasses the cache, so "
                              "Belady's next uses would never be seen); use one")
-    for opt in ("memory_budget", "cache_size", "device_cache"):
-        if getattr(cfg, opt):
-            parse_bytes(getattr(cfg, opt))
+    for f in fields(cfg):
+        if f.metadata.get("size") and getattr(cfg, f.name):
+            try:
+                parse_bytes(getattr(cfg, f.name))
+            except ValueError as e:
+                raise ValueError(f"--{f.name.replace('_', '-')}: {e}") from None
     if cfg.topology not in ("auto", "memory", "mmap", "disk"):
         raise ValueError(f"topology must be auto, memory, mmap or disk, got {cfg.topology!r}")
     if cfg.hot_topology and parse_bytes(cfg.hot_topology) and cfg.topology not in ("disk", "auto"):

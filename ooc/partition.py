@@ -43,6 +43,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ooc.util.progress import progress as progress_bar
 from ooc.util.sizes import format_bytes, parse_bytes
 from ooc.kernels.partition import (bucket_sort_block, count_cut_block,
                                    relabel_lists, scatter_rows, stream_assign_block)
@@ -312,7 +313,7 @@ def run_in_child(fn, num_rows: int, what: str) -> np.ndarray:
 
 def _stream_assign(indptr: np.ndarray, indices: np.ndarray | RawArray, num_nodes: int, num_parts: int,
                    is_train: np.ndarray, passes: int, objective: str, balance_train: bool,
-                   tol: float, block_edges: int) -> np.ndarray:
+                   tol: float, block_edges: int, progress: bool = False) -> np.ndarray:
     num_edges = int(indptr[-1])
     gamma = 1.5
     m = max(num_edges / 2.0, 1.0)
@@ -327,10 +328,13 @@ def _stream_assign(indptr: np.ndarray, indices: np.ndarray | RawArray, num_nodes
     train_sizes = np.zeros(num_parts, dtype=np.int64)
     scratch = np.zeros(num_parts, dtype=np.int64)
     obj = {"fennel": 0, "ldg": 1}[objective]
-    for _ in range(max(passes, 1)):
-        for start, ip, idx in _blocks(indptr, indices, block_edges):
-            stream_assign_block(ip, idx, start, assign, sizes, train_sizes, is_train, cap, train_cap,
-                                alpha, gamma, obj, scratch, np.uint64(0))
+    with progress_bar(total=max(passes, 1) * num_edges, unit="edge", unit_scale=True, enabled=progress,
+                      desc=f"{objective} passes") as bar:
+        for _ in range(max(passes, 1)):
+            for start, ip, idx in _blocks(indptr, indices, block_edges):
+                stream_assign_block(ip, idx, start, assign, sizes, train_sizes, is_train, cap, train_cap,
+                                    alpha, gamma, obj, scratch, np.uint64(0))
+                bar.update(idx.shape[0])
     return assign
 
 
@@ -395,7 +399,7 @@ def partition_nodes(indptr: np.ndarray, indices: np.ndarray | RawArray, num_node
                     num_parts: int, method: str = "metis", train_ids: np.ndarray | None = None,
                     seed: int = 0, balance_train: bool = True, passes: int = 2,
                     objective: str = "fennel", tol: float = 0.05,
-                    block_edges: int = 1 << 24) -> PartitionResult:
+                    block_edges: int = 1 << 24, progress: bool = False) -> PartitionResult:
     """Assign every node to one of ``num_parts`` partitions.
 
     Args:
@@ -409,6 +413,8 @@ def partition_nodes(indptr: np.ndarray, indices: np.ndarray | RawArray, num_node
         seed: random seed (random permutation, METIS seed).
         passes: restreaming passes of ``stream``; objective: ``fennel`` or ``ldg``.
         tol: allowed relative imbalance of nodes (stream capacity) and training nodes.
+        progress: progress bars (:func:`ooc.util.progress.progress`) of the streaming passes and the
+            edge-cut count (METIS runs as one call: it has none).
 
     Returns:
         :class:`PartitionResult`, all partitions non-empty.
@@ -433,12 +439,15 @@ def partition_nodes(indptr: np.ndarray, indices: np.ndarray | RawArray, num_node
         assign = _metis_assign(indptr, idx, num_nodes, num_parts, is_train, seed, balance_train)
     else:
         assign = _stream_assign(indptr, indices, num_nodes, num_parts, is_train, passes, objective,
-                                balance_train, tol, block_edges)
+                                balance_train, tol, block_edges, progress)
     moved = _enforce_constraints(assign, num_parts, is_train, tol, balance_train, indptr, indices)
     seconds = time.perf_counter() - t0
     cut = 0
-    for start, ip, idx in _blocks(indptr, indices, block_edges):
-        cut += int(count_cut_block(ip, idx, start, assign))
+    with progress_bar(total=int(indptr[-1]), unit="edge", unit_scale=True, enabled=progress,
+                      desc="edge cut") as bar:
+        for start, ip, idx in _blocks(indptr, indices, block_edges):
+            cut += int(count_cut_block(ip, idx, start, assign))
+            bar.update(idx.shape[0])
     return PartitionResult(assign=assign, num_parts=num_parts, method=method,
                            num_edges=int(indptr[-1]), edge_cut=cut,
                            sizes=np.bincount(assign, minlength=num_parts).astype(np.int64),
@@ -453,7 +462,8 @@ def _rows_view(a: np.ndarray) -> np.ndarray:
 
 
 def _permute_topology(old_indptr: np.ndarray, old_indices: RawArray, new_indptr: np.ndarray,
-                      perm: np.ndarray, inv: np.ndarray, writer, budget: int) -> int:
+                      perm: np.ndarray, inv: np.ndarray, writer, budget: int,
+                      progress: bool = False) -> int:
     """Append the relabelled in-edge lists of new ids ``0..N-1`` to ``writer``, in groups of new
     destination ids whose lists fit ``budget`` bytes (the group's output plus one block of old lists).
 
@@ -468,6 +478,8 @@ def _permute_topology(old_indptr: np.ndarray, old_indices: RawArray, new_indptr:
     max_group_edges = max(1, budget // (2 * edge_bytes))
     g0 = 0
     passes = 0
+    bar = progress_bar(total=int(new_indptr[-1]), unit="edge", unit_scale=True, enabled=progress,
+                       desc="topology")
     while g0 < n:
         g1 = int(np.searchsorted(new_indptr, new_indptr[g0] + max_group_edges, side="right")) - 1
         g1 = min(max(g1, g0 + 1), n)
@@ -480,13 +492,15 @@ def _permute_topology(old_indptr: np.ndarray, old_indices: RawArray, new_indptr:
             got += int(relabel_lists(ip, idx, start, inv, g0, g1, new_indptr, buf))
         assert got == m, (got, m)
         writer.append(buf)
+        bar.update(m)
         passes += 1
         g0 = g1
+    bar.close()
     return passes
 
 
 def _permute_rows(src: RawArray, perm: np.ndarray, inv: np.ndarray, writer, budget: int,
-                  spool_dir: Path | None = None) -> int:
+                  spool_dir: Path | None = None, progress: bool = False, desc: str = "rows") -> int:
     """Append ``src[perm]`` to ``writer`` in groups of new ids that fit ``budget``.
 
     With at most two groups (or no ``spool_dir``), each group is filled by one sequential scan
@@ -494,6 +508,8 @@ def _permute_rows(src: RawArray, perm: np.ndarray, inv: np.ndarray, writer, budg
     array under a 2 GB budget: 13 full scans), so the rows are spooled instead: one scan appends
     every row to the spool file of its group (:func:`_spool_rows`), then each group is read back
     and placed — the array is read twice and written twice whatever the budget.
+
+    ``progress`` shows a bar of the rows written (``desc``; spooled: one of the spool pass first).
 
     Returns:
         Full passes over the old rows (1 when spooled).
@@ -504,8 +520,9 @@ def _permute_rows(src: RawArray, perm: np.ndarray, inv: np.ndarray, writer, budg
     group = max(1, budget // (2 * row_bytes + _GROUP_ID_BYTES))
     scan = max(1, min(group, (64 << 20) // row_bytes))
     if spool_dir is not None and -(-n // group) > 2:
-        return _spool_rows(src, perm, inv, writer, group, scan, Path(spool_dir))
+        return _spool_rows(src, perm, inv, writer, group, scan, Path(spool_dir), progress, desc)
     passes = 0
+    bar = progress_bar(total=n, unit="row", unit_scale=True, enabled=progress, desc=desc)
     for g0 in range(0, n, group):
         g1 = min(n, g0 + group)
         olds = perm[g0:g1]
@@ -520,12 +537,14 @@ def _permute_rows(src: RawArray, perm: np.ndarray, inv: np.ndarray, writer, budg
             got += int(scatter_rows(bv, b0, inv, g0, g1, ov))
         assert got == g1 - g0, (got, g1 - g0)
         writer.append(out)
+        bar.update(g1 - g0)
         passes += 1
+    bar.close()
     return passes
 
 
 def _spool_rows(src: RawArray, perm: np.ndarray, inv: np.ndarray, writer, group: int, scan: int,
-                spool_dir: Path) -> int:
+                spool_dir: Path, progress: bool = False, desc: str = "rows") -> int:
     """:func:`_permute_rows` through one spool file per group of ``group`` new ids.
 
     Pass 1 reads the old rows in blocks of ``scan`` and appends each row to the file of group
@@ -538,6 +557,7 @@ def _spool_rows(src: RawArray, perm: np.ndarray, inv: np.ndarray, writer, group:
     spool_dir.mkdir(parents=True, exist_ok=True)
     paths = [spool_dir / f"group-{g:05d}.bin" for g in range(k)]
     files = [open(p, "wb") for p in paths]
+    bar = progress_bar(total=n, unit="row", unit_scale=True, enabled=progress, desc=f"{desc} spool")
     try:
         # two reused blocks (read, grouped): a fresh pair per block would briefly hold three
         blk_buf = np.empty((min(scan, n), *src.shape[1:]), dtype=src.dtype)
@@ -554,10 +574,13 @@ def _spool_rows(src: RawArray, perm: np.ndarray, inv: np.ndarray, writer, group:
                 c = int(counts[g])
                 files[g].write(memoryview(rows[a:a + c]).cast("B"))
                 a += c
+            bar.update(b1 - b0)
     finally:
         for f in files:
             f.close()
+        bar.close()
     del blk_buf, rows_buf, blk, rows
+    bar = progress_bar(total=n, unit="row", unit_scale=True, enabled=progress, desc=f"{desc} place")
     for g in range(k):
         g0, g1 = g * group, min(n, (g + 1) * group)
         got = np.fromfile(paths[g], dtype=src.dtype).reshape((-1, *src.shape[1:]))
@@ -569,6 +592,8 @@ def _spool_rows(src: RawArray, perm: np.ndarray, inv: np.ndarray, writer, group:
         writer.append(out)
         del out
         paths[g].unlink()
+        bar.update(g1 - g0)
+    bar.close()
     return 1
 
 
@@ -680,10 +705,12 @@ def _plan_rewrite(ds: Dataset, result: PartitionResult, memory_budget: int | str
                  chunk_bytes=max(chunk_bytes), index_dtype=old_indices.dtype)
 
 
-def _write_reordered(ds: Dataset, plan: _Plan, w, with_features: bool = True) -> tuple[int, int]:
+def _write_reordered(ds: Dataset, plan: _Plan, w, with_features: bool = True,
+                     progress: bool = False) -> tuple[int, int]:
     """Write every rewritten array except the edge buckets into ``w`` (a
     :class:`~ooc.storage.dataset.DatasetStage`): indptr, indices, the node arrays (``nodes/features``
-    only ``with_features``), labels, splits, offsets, PQ codebooks, ``nodes/perm``.
+    only ``with_features``), labels, splits, offsets, PQ codebooks, ``nodes/perm``; with
+    ``progress``, a bar per topology and node array.
 
     Drops ``plan.perm`` and ``plan.inv`` at the end (node-sized, not needed by the buckets).
 
@@ -696,7 +723,8 @@ def _write_reordered(ds: Dataset, plan: _Plan, w, with_features: bool = True) ->
     w.write_array("indptr", plan.new_indptr)
     # --- topology: groups of new destination ids whose in-edges fit the budget
     iw = w.array_writer("indices", old_indices.dtype, (), expected_rows=old_indices.shape[0])
-    topo_passes = _permute_topology(ds.indptr, old_indices, plan.new_indptr, perm, inv, iw, budget)
+    topo_passes = _permute_topology(ds.indptr, old_indices, plan.new_indptr, perm, inv, iw, budget,
+                                    progress)
     w.finish_array(iw)
     _fault_point("rewrite-topology")
     # --- node arrays
@@ -707,7 +735,8 @@ def _write_reordered(ds: Dataset, plan: _Plan, w, with_features: bool = True) ->
             continue
         src = ds.raw(rel)
         fw = w.array_writer(rel, src.dtype, src.shape[1:], expected_rows=n, chunk_rows=src.chunk_rows)
-        feat_passes += _permute_rows(src, perm, inv, fw, budget, spool_dir=w.tmp / "_spool")
+        feat_passes += _permute_rows(src, perm, inv, fw, budget, spool_dir=w.tmp / "_spool",
+                                     progress=progress, desc=rel.split("/", 1)[-1])
         w.finish_array(fw)
     shutil.rmtree(w.tmp / "_spool", ignore_errors=True)
     if ds.has("labels"):
@@ -727,10 +756,11 @@ def _write_reordered(ds: Dataset, plan: _Plan, w, with_features: bool = True) ->
 
 
 def _write_buckets(w, new_indptr: np.ndarray, offsets: np.ndarray, num_parts: int,
-                   index_dtype: np.dtype, budget: int, chunk_bytes: int) -> None:
+                   index_dtype: np.dtype, budget: int, chunk_bytes: int, progress: bool = False) -> None:
     """Write ``partitions/buckets/{src,dst,offsets}`` into ``w`` from the new topology already in it.
 
-    Edge bucket ``(i -> j)`` is stored destination-major, at index ``j * P + i``.
+    Edge bucket ``(i -> j)`` is stored destination-major, at index ``j * P + i``; ``progress``: a bar
+    of the destination partitions done.
 
     Raises:
         ValueError: a destination partition's in-edges (three int arrays of them and one writer
@@ -741,6 +771,7 @@ def _write_buckets(w, new_indptr: np.ndarray, offsets: np.ndarray, num_parts: in
     dw = w.array_writer("partitions/buckets/dst", index_dtype, (), expected_rows=new_indices.shape[0])
     boff = np.zeros(num_parts * num_parts + 1, dtype=np.int64)
     idx = so = do = None
+    bar = progress_bar(total=num_parts, unit="partition", enabled=progress, desc="edge buckets")
     for j in range(num_parts):
         a, b = int(offsets[j]), int(offsets[j + 1])
         ea, eb = int(new_indptr[a]), int(new_indptr[b])
@@ -756,6 +787,8 @@ def _write_buckets(w, new_indptr: np.ndarray, offsets: np.ndarray, num_parts: in
         boff[j * num_parts + 1:(j + 1) * num_parts + 1] = ea + np.cumsum(counts)
         sw.append(so)
         dw.append(do)
+        bar.update(1)
+    bar.close()
     new_indices.close()
     del idx, so, do
     w.finish_array(sw)
@@ -776,7 +809,8 @@ def _rewrite_manifest(ds: Dataset, result: PartitionResult, seconds: float, topo
 
 
 def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overwrite: bool = False,
-                    memory_budget: int | str = "2GB", edge_buckets: bool = True) -> Path:
+                    memory_budget: int | str = "2GB", edge_buckets: bool = True,
+                    progress: bool = False) -> Path:
     """Rewrite ``ds`` in partition order (see the module docstring) through :class:`DatasetWriter`
     into a new directory renamed over ``out`` at the end (the source stays whole until then; the
     disk holds both copies and the feature spool at the peak: see
@@ -790,6 +824,7 @@ def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overw
             whole (assignment, permutation, inverse, old and new indptr: ~36 B per node) count
             first, rewrite groups of rows / edges get the rest.
         edge_buckets: also write ``partitions/buckets/*``.
+        progress: progress bars of the topology, each node array and the edge buckets.
 
     Returns:
         The new dataset's path.
@@ -805,10 +840,10 @@ def reorder_dataset(ds: Dataset, result: PartitionResult, out: str | Path, overw
     t0 = time.perf_counter()
     with DatasetWriter(out, overwrite=overwrite) as w:
         w.sources = list(ds.manifest.get("sources", []))
-        topo_passes, feat_passes = _write_reordered(ds, plan, w)
+        topo_passes, feat_passes = _write_reordered(ds, plan, w, progress=progress)
         if edge_buckets:
             _write_buckets(w, plan.new_indptr, plan.offsets, plan.num_parts, plan.index_dtype,
-                           plan.group_budget, plan.chunk_bytes)
+                           plan.group_budget, plan.chunk_bytes, progress)
         new_indptr = plan.new_indptr
         plan.new_indptr = None
         del new_indptr
@@ -829,7 +864,7 @@ def partition_dataset(path: str | Path, num_parts: int | None, method: str = "me
                       passes: int = 2, objective: str = "fennel", memory_budget: int | str = "2GB",
                       edge_buckets: bool = True, tol: float = 0.05,
                       overwrite: bool = False, footprint: str = "auto",
-                      resume: bool = False) -> tuple[Path, PartitionResult]:
+                      resume: bool = False, progress: bool = False) -> tuple[Path, PartitionResult]:
     """Partition a dataset and rewrite it in partition order (``ooc partition``).
 
     With ``out`` (a directory elsewhere) the source is only read and the new dataset is written
@@ -849,11 +884,15 @@ def partition_dataset(path: str | Path, num_parts: int | None, method: str = "me
 
     ``resume`` finishes an interrupted in-place rewrite with the arguments it was started with
     (the others are ignored; ``num_parts`` may be None).  The ids the assignment refers to are the
-    dataset's current ids; the original ids stay reachable through ``nodes/perm``.
+    dataset's current ids; the original ids stay reachable through ``nodes/perm``.  ``progress``
+    shows progress bars (:func:`ooc.util.progress.progress`) of the streaming passes, the edge-cut
+    count and each step of the rewrite.
 
     Returns:
         ``(path of the rewritten dataset, PartitionResult)``; ``result.extra["footprint"]`` says
-        which path ran (``copy`` / ``low``; ``resumed`` for a finished interrupted rewrite).
+        which path ran (``copy`` / ``low``; ``resumed`` for a finished interrupted rewrite),
+        ``result.extra["memory_budget"]`` the budget it ran under (bytes; a resumed rewrite's is the
+        one it was started with, from its journal, as are ``held_bytes`` and ``group_bytes``).
 
     Locks: in place, the dataset's exclusive lock for the whole run (a training run reading it makes
     this fail at once, naming it, and the other way round); with ``out``, the source's shared lock
@@ -897,8 +936,8 @@ def partition_dataset(path: str | Path, num_parts: int | None, method: str = "me
                     raise ValueError(f"{path}: an interrupted in-place `ooc partition` ({was}) must "
                                      f"finish first: run `ooc partition {path} --resume`")
                 log.warning("%s: finishing the interrupted in-place rewrite (phase %s)", path, j["phase"])
-                new, res = finish_rewrite(path)
-                res.extra["footprint"] = "resumed"
+                new, res = finish_rewrite(path, progress=progress)
+                res.extra.update(footprint="resumed", memory_budget=parse_bytes(j["args"]["memory_budget"]))
                 return new, res
             if resume:
                 if j is None:
@@ -910,10 +949,12 @@ def partition_dataset(path: str | Path, num_parts: int | None, method: str = "me
             raise ValueError("--parts is required")
         if args["num_parts"] is None:
             raise ValueError("--parts is required (unless --resume)")
-        return _partition(path, args["num_parts"], args["method"], target, same, args["seed"],
-                          args["balance_train"], args["passes"], args["objective"],
-                          args["memory_budget"], args["edge_buckets"], args["tol"], overwrite,
-                          footprint, args)
+        new, res = _partition(path, args["num_parts"], args["method"], target, same, args["seed"],
+                              args["balance_train"], args["passes"], args["objective"],
+                              args["memory_budget"], args["edge_buckets"], args["tol"], overwrite,
+                              footprint, args, progress)
+        res.extra["memory_budget"] = parse_bytes(args["memory_budget"])
+        return new, res
     finally:
         lock.release()
 
@@ -948,7 +989,7 @@ def _choose_footprint(ds: Dataset, footprint: str, edge_buckets: bool, num_parts
 def _partition(path: str | Path, num_parts: int, method: str, target: Path, same: bool, seed: int,
                balance_train: bool, passes: int, objective: str, memory_budget: int | str,
                edge_buckets: bool, tol: float, overwrite: bool, footprint: str = "copy",
-               args: dict | None = None) -> tuple[Path, PartitionResult]:
+               args: dict | None = None, progress: bool = False) -> tuple[Path, PartitionResult]:
     if not same:
         check_replaceable(target.absolute(), overwrite)  # before any work
     ds = Dataset(path, verify="checksums")  # a corrupt source is never rewritten under new checksums
@@ -969,15 +1010,16 @@ def _partition(path: str | Path, num_parts: int, method: str, target: Path, same
         block = max(1 << 16, parse_bytes(memory_budget) // 16)
         res = partition_nodes(ds.indptr, topo, ds.num_nodes, num_parts, method, train, seed=seed,
                               balance_train=balance_train, passes=passes, objective=objective,
-                              tol=tol, block_edges=block)
+                              tol=tol, block_edges=block, progress=progress)
         if path_kind == "low":
             from ooc.partition_inplace import rewrite_in_place
             res.extra["footprint"] = "low"
-            new = rewrite_in_place(ds, res, args or {}, memory_budget, edge_buckets)
+            new = rewrite_in_place(ds, res, args or {}, memory_budget, edge_buckets, progress)
         else:
             res.extra["footprint"] = "copy"
             new = reorder_dataset(ds, res, target, overwrite=same or overwrite,
-                                  memory_budget=memory_budget, edge_buckets=edge_buckets)
+                                  memory_budget=memory_budget, edge_buckets=edge_buckets,
+                                  progress=progress)
     finally:
         ds.close()
     return new, res

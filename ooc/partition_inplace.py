@@ -61,6 +61,7 @@ from ooc.storage.dataset import (ARRAY_NAMES, REWRITE_DIR, REWRITE_JOURNAL, Data
                                  DatasetStage, pending_rewrite, pending_rewrite_error, read_manifest)
 from ooc.storage.rawarray import RawArray, _array_metadata, choose_chunk_rows
 from ooc.util.files import fsync_dir, fsync_tree, write_json_atomic
+from ooc.util.progress import progress as progress_bar
 
 __all__ = ["rewrite_in_place", "finish_rewrite", "disk_estimate", "discard_prepared",
            "JOURNAL_VERSION", "SLACK_FRACTION"]
@@ -174,7 +175,7 @@ def discard_prepared(path: str | os.PathLike) -> bool:
 
 # ------------------------------------------------------------------------------------ prepare
 def rewrite_in_place(ds: Dataset, result: PartitionResult, args: dict, memory_budget: int | str,
-                     edge_buckets: bool) -> Path:
+                     edge_buckets: bool, progress: bool = False) -> Path:
     """Rewrite ``ds`` in partition order in place with the low disk footprint (module docstring).
 
     Args:
@@ -183,6 +184,7 @@ def rewrite_in_place(ds: Dataset, result: PartitionResult, args: dict, memory_bu
         args: the ``ooc partition`` arguments (:data:`ARG_KEYS`), kept in the journal.
         memory_budget: as for :func:`~ooc.partition.reorder_dataset`.
         edge_buckets: also write ``partitions/buckets/*``.
+        progress: progress bars of each step (topology, node arrays, spool, placement, buckets).
 
     Returns:
         The dataset's path (rewritten).
@@ -208,7 +210,8 @@ def rewrite_in_place(ds: Dataset, result: PartitionResult, args: dict, memory_bu
                                   "started": t0})
         journal.save()
         stage = DatasetStage(root / "new")
-        topo_passes, feat_passes = _write_reordered(ds, plan, stage, with_features=False)
+        topo_passes, feat_passes = _write_reordered(ds, plan, stage, with_features=False,
+                                                    progress=progress)
         feature = None
         if ds.has("features"):
             src = ds.raw("features")
@@ -239,7 +242,7 @@ def rewrite_in_place(ds: Dataset, result: PartitionResult, args: dict, memory_bu
                     spool_bytes=[0] * num_groups, consumed_chunks=0, placed_groups=0,
                     checksums={}, buckets_done=not edge_buckets, num_parts=plan.num_parts,
                     index_dtype=plan.index_dtype.name, group_budget=plan.group_budget,
-                    chunk_bytes=plan.chunk_bytes)
+                    chunk_bytes=plan.chunk_bytes, held_bytes=plan.held)
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)  # the source is untouched
         raise
@@ -248,18 +251,21 @@ def rewrite_in_place(ds: Dataset, result: PartitionResult, args: dict, memory_bu
     # from this save on the dataset is being consumed: it refuses to open until finished
     journal.data = data
     journal.save(phase="consume")
-    return finish_rewrite(path)[0]
+    return finish_rewrite(path, progress)[0]
 
 
 # ------------------------------------------------------------------------------------ finish
-def finish_rewrite(path: str | os.PathLike) -> tuple[Path, PartitionResult]:
+def finish_rewrite(path: str | os.PathLike, progress: bool = False) -> tuple[Path, PartitionResult]:
     """Complete the in-place rewrite recorded in ``DS/.rewrite/journal.json`` (``--resume``).
 
     Every step is redone from the journal's last entry (see the module docstring), so this may be
     interrupted and called again any number of times; the result equals an uninterrupted run's.
+    ``progress`` shows a bar per remaining step (spool, placement, edge buckets).
 
     Returns:
-        ``(path, PartitionResult)`` with the assignment the rewrite was started with.
+        ``(path, PartitionResult)`` with the assignment the rewrite was started with, and in its
+        ``extra`` the split of the memory budget that run made (``held_bytes``: None in a journal
+        written before it was recorded; ``group_bytes``).
 
     Raises:
         DatasetError: no rewrite is pending, its journal is from another version, or a file the
@@ -278,7 +284,7 @@ def finish_rewrite(path: str | os.PathLike) -> tuple[Path, PartitionResult]:
         raise DatasetError(f"{path}: the in-place rewrite was interrupted while preparing (the dataset "
                            "is untouched): run `ooc partition` again")
     try:
-        return _finish(path, root, j)
+        return _finish(path, root, j, progress)
     except Exception as e:
         raise DatasetError(f"{e} -- the in-place rewrite of {path} stopped after it began consuming the "
                            f"old files; once the cause is fixed, `ooc partition {path} --resume` "
@@ -292,17 +298,17 @@ def finish_rewrite(path: str | os.PathLike) -> tuple[Path, PartitionResult]:
         raise
 
 
-def _finish(path: Path, root: Path, j: dict) -> tuple[Path, PartitionResult]:
+def _finish(path: Path, root: Path, j: dict, progress: bool = False) -> tuple[Path, PartitionResult]:
     journal = _Journal(root, j)
     assign = np.load(root / "assign.npy")
     if j["phase"] == "consume":
-        _consume(path, journal, assign)
+        _consume(path, journal, assign, progress)
     if j["phase"] == "place":
-        _place(path, journal, assign)
+        _place(path, journal, assign, progress)
     if j["phase"] == "place-done":
         stage = DatasetStage(root / "new", records=j["records"])
         stage.sources = j["sources"]
-        _buckets(journal, stage)
+        _buckets(journal, stage, progress)
         _finalize(path, journal, stage)
     if j["phase"] == "commit":
         _swap(path, root)
@@ -313,7 +319,7 @@ def _finish(path: Path, root: Path, j: dict) -> tuple[Path, PartitionResult]:
                           train_per_part=np.asarray(s["train_per_part"], dtype=np.int64),
                           seconds=s["seconds"], moved=s["moved_by_constraints"],
                           extra={k: s[k] for k in ("passes", "objective") if k in s})
-    res.extra.update(held_bytes=None, group_bytes=j["group_budget"])
+    res.extra.update(held_bytes=j.get("held_bytes"), group_bytes=j["group_budget"])  # the run's split
     return path, res
 
 
@@ -321,7 +327,7 @@ def _spool_paths(root: Path, k: int) -> list[Path]:
     return [root / "spool" / f"group-{g:05d}.bin" for g in range(k)]
 
 
-def _consume(path: Path, journal: _Journal, assign: np.ndarray) -> None:
+def _consume(path: Path, journal: _Journal, assign: np.ndarray, progress: bool = False) -> None:
     """Phase consume: old non-feature arrays deleted, features spooled with each batch of source
     chunks deleted once durably spooled."""
     j = journal.data
@@ -366,6 +372,7 @@ def _consume(path: Path, journal: _Journal, assign: np.ndarray) -> None:
     rows_buf = np.empty_like(blk_buf)
     pad = np.zeros(0, dtype=np.uint8)
     files = [open(p, "ab") for p in paths]
+    bar = progress_bar(total=nc, initial=start, unit="chunk", enabled=progress, desc="features spool")
     try:
         c = start
         while c < nc:
@@ -420,15 +427,17 @@ def _consume(path: Path, journal: _Journal, assign: np.ndarray) -> None:
             _fault_point("low-disk-spool")
             for ci in batch:
                 (src_dir / key(ci)).unlink(missing_ok=True)
+            bar.update(len(batch))
     finally:
         for fh in files:
             fh.close()
+        bar.close()
     del blk_buf, rows_buf, inv
     shutil.rmtree(src_dir, ignore_errors=True)
     journal.save(phase="place")
 
 
-def _buckets(journal: _Journal, stage: DatasetStage) -> None:
+def _buckets(journal: _Journal, stage: DatasetStage, progress: bool = False) -> None:
     """The edge buckets, from the new topology (after the features are placed: the spool and the
     buckets are never on disk together); a cut pass starts over."""
     j = journal.data
@@ -439,7 +448,7 @@ def _buckets(journal: _Journal, stage: DatasetStage) -> None:
         new_indptr = RawArray(stage.arrays_root / ARRAY_NAMES["indptr"]).read_all()
         offsets = RawArray(stage.arrays_root / ARRAY_NAMES["partition_offsets"]).read_all()
         _write_buckets(stage, new_indptr, offsets, j["num_parts"], np.dtype(j["index_dtype"]),
-                       j["group_budget"], j["chunk_bytes"])
+                       j["group_budget"], j["chunk_bytes"], progress)
         del new_indptr
         fsync_tree(stage.arrays_root / "partitions")
         journal.save(records=stage.records, buckets_done=True)
@@ -458,7 +467,7 @@ def _chunk_key_fn(ndim: int):
     return lambda i: f"c/{i}{tail}"
 
 
-def _place(path: Path, journal: _Journal, assign: np.ndarray) -> None:
+def _place(path: Path, journal: _Journal, assign: np.ndarray, progress: bool = False) -> None:
     """Phase place: each spool group written into the destination chunks at its rows' offsets."""
     j = journal.data
     root = journal.root
@@ -483,6 +492,8 @@ def _place(path: Path, journal: _Journal, assign: np.ndarray) -> None:
     checksums = dict(j["checksums"])
     for g in range(j["placed_groups"]):
         paths[g].unlink(missing_ok=True)
+    bar = progress_bar(total=k, initial=j["placed_groups"], unit="group", enabled=progress,
+                       desc="features place")
     for g in range(j["placed_groups"], k):
         g0, g1 = g * group, min(n, (g + 1) * group)
         size = paths[g].stat().st_size if paths[g].exists() else -1
@@ -528,6 +539,8 @@ def _place(path: Path, journal: _Journal, assign: np.ndarray) -> None:
         journal.save(placed_groups=g + 1, checksums=checksums)
         _fault_point("low-disk-place")
         paths[g].unlink()
+        bar.update(1)
+    bar.close()
     shutil.rmtree(root / "spool", ignore_errors=True)
     fsync_dir(dest)
     journal.save(phase="place-done")

@@ -652,15 +652,24 @@ class Dataset:
         if key not in self._cache:
             if rel not in self.manifest["arrays"]:
                 raise DatasetError(f"{self.path}: dataset has no array {rel}")
-            try:
-                arr = RawArray(self.path / "arrays.zarr" / rel)
-            except (ValueError, KeyError, TypeError) as e:
-                raise DatasetError(f"{self.path}: array {rel}: {e}") from None
+            arr = self._open_array(rel)
             if self.verify == "checksums" and self._from_catalog:
                 arr.verifier = verifier_for(self.path, rel, arr.path, arr.num_chunks, arr.chunk_key,
                                             self.checksums(rel))
             self._cache[key] = arr
         return self._cache[key]
+
+    def _open_array(self, rel: str) -> RawArray:
+        """A new :class:`RawArray` of ``rel`` (not cached, no checksum verifier).
+
+        Raises:
+            DatasetError: its ``zarr.json`` is not Zarr v3 metadata ooc reads (the file named).
+            FileNotFoundError: its ``zarr.json`` is missing (named).
+        """
+        try:
+            return RawArray(self.path / "arrays.zarr" / rel)
+        except (ValueError, KeyError, TypeError) as e:
+            raise DatasetError(f"{self.path}: array {rel}: {e}") from None
 
     def checksums(self, rel: str) -> dict[str, str]:
         """``{chunk_key: blake2b hex}`` of array ``rel`` from the catalog (read once)."""
@@ -748,7 +757,7 @@ class Dataset:
                 problems.append(f"missing array {ARRAY_NAMES[req]}")
         if problems:
             return problems
-        problems += self._check_metadata()
+        problems += self.check_metadata()
         if problems:  # reads below would trust broken metadata
             return problems
         step = 1 << 24
@@ -829,8 +838,13 @@ class Dataset:
                 problems.append("nodes/perm is not a permutation of [0, N)")
         return problems
 
-    def _check_metadata(self) -> list[str]:
-        """Each manifest array's ``zarr.json`` agrees with it and its chunk files are full size."""
+    def check_metadata(self, chunk_files: bool = True) -> list[str]:
+        """Each manifest array's ``zarr.json`` is readable Zarr v3 metadata that agrees with the
+        manifest (shape, dtype, chunk rows) and, with ``chunk_files``, its chunk files are full size.
+
+        Returns:
+            The problems found (empty when sound), each naming the array and the file.
+        """
         problems: list[str] = []
         for rel, rec in sorted(self.manifest["arrays"].items()):
             try:
@@ -849,7 +863,7 @@ class Dataset:
             for what, w, g in zip(("shape", "dtype", "chunk rows"), want, got):
                 if w != g:
                     problems.append(f"{meta}: {what} {g} disagrees with the manifest ({w})")
-            if got != want:
+            if got != want or not chunk_files:
                 continue
             for i in range(arr.num_chunks):
                 f = arr.chunk_path(i)
@@ -899,13 +913,19 @@ class Dataset:
         return [f"id map {k} holds {v} entries, expected N = {n}" for k, v in counts.items() if v != n]
 
     def verify_checksums(self) -> list[str]:
-        """Re-hash every chunk file against the catalog; returns problems naming array and chunk."""
+        """Re-hash every chunk file against the catalog; returns problems naming array and chunk
+        (an array whose ``zarr.json`` is unreadable is one problem, worded as
+        :meth:`check_metadata` words it, and its chunks are not hashed)."""
         problems: list[str] = []
         cat = Catalog(self.path / "catalog.lmdb")
         try:
             for rel in self.manifest["arrays"]:
                 expected = cat.get_json(f"checksums/{rel}", {})
-                arr = RawArray(self.path / "arrays.zarr" / rel)
+                try:
+                    arr = self._open_array(rel)
+                except (DatasetError, FileNotFoundError) as e:
+                    problems.append(str(e))
+                    continue
                 for key, digest in sorted(expected.items()):
                     f = arr.path / key
                     try:

@@ -440,6 +440,7 @@ def _cmd_bench_ooc(args: argparse.Namespace) -> int:
 def add_bench_ooc(bsub: argparse._SubParsersAction) -> None:
     """Register ``ooc bench ooc`` on the subparsers of ``ooc bench``."""
     from ooc.tools.bench import doc_help
+    from ooc.tools.options import SizeAction
     p = bsub.add_parser("ooc", help="out-of-core engine: bandwidth, epoch time, RSS, accuracy",
                         description=doc_help(__doc__))
     p.add_argument("--workdir", default="/work/bench-data/issue5/bench")
@@ -447,7 +448,8 @@ def add_bench_ooc(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--feat-dim", type=int, default=256)
     p.add_argument("--parts", type=int, default=256,
                    help="METIS partitions: many small ones, grouped at random into buffer states")
-    p.add_argument("--budget", default="", help="default: dataset bytes / 3")
+    p.add_argument("--budget", action=SizeAction, empty=True, default="",
+                   help="default: dataset bytes / 3")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--modes", default="hybrid,buffer,exact",
                    help="comma-separated among exact, buffer, hybrid, hybrid-pq (hybrid with "

@@ -248,6 +248,7 @@ def _cmd(a: argparse.Namespace) -> int:
 def add_bench_peer(bsub: argparse._SubParsersAction) -> None:
     """Register ``ooc bench peer`` on the subparsers of ``ooc bench``."""
     from ooc.tools.bench import doc_help
+    from ooc.tools.options import SizeAction
     p = bsub.add_parser("peer", help="ooc's training epoch beside DGL's loop, same graph, alternating",
                         description=doc_help(__doc__))
     p.add_argument("dataset", help="an ooc dataset (e.g. WORKDIR/planted of `ooc bench ooc --keep`)")
@@ -274,7 +275,8 @@ def add_bench_peer(bsub: argparse._SubParsersAction) -> None:
                    help="the same weight init on both sides: glorot (DGL SAGEConv's own; ooc --init "
                         "glorot) or torch (nn.Linear's default; train_dgl.py --init torch)")
     p.add_argument("--partitions", type=int, default=0, help="default: the dataset's partitions")
-    p.add_argument("--budget", default="", help="default: dataset bytes / 3")
+    p.add_argument("--budget", action=SizeAction, empty=True, default="",
+                   help="default: dataset bytes / 3")
     p.add_argument("--ooc-args", nargs=argparse.REMAINDER, default=[],
                    help="further `ooc train` options for every ooc run (last on the line)")
     p.add_argument("--baseline-python", default=None,

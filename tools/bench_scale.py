@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ooc.tools.bench import doc_help, drop_caches
+from ooc.tools.options import SizeAction
 
 __all__ = ["ScaleConfig", "run_scale", "format_table", "add_bench_scale"]
 
@@ -502,17 +503,19 @@ def add_bench_scale(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--hidden", type=int)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--splits", help="train,valid,test fractions")
-    p.add_argument("--budget", help="training --memory-budget (default 8GB; small and '': none, "
-                                    "--buffer-parts resident partitions)")
+    p.add_argument("--budget", action=SizeAction, empty=True,
+                   help="training --memory-budget (default 8GB; small and '': none, --buffer-parts "
+                        "resident partitions)")
     p.add_argument("--buffer-parts", type=int, help="resident partitions without a byte budget")
     p.add_argument("--prefetch", type=int, help="batches built ahead (default 1)")
-    p.add_argument("--gen-budget")
-    p.add_argument("--part-budget")
+    p.add_argument("--gen-budget", action=SizeAction)
+    p.add_argument("--part-budget", action=SizeAction)
     p.add_argument("--fanouts")
     p.add_argument("--eval-fanouts")
     p.add_argument("--topology", choices=["auto", "memory", "mmap", "disk"])
-    p.add_argument("--auto-budget", help="--memory-budget of the `auto` mode (hybrid, automatic "
-                                        "split; default the training budget)")
+    p.add_argument("--auto-budget", action=SizeAction, empty=True,
+                   help="--memory-budget of the `auto` mode (hybrid, automatic split; default the "
+                        "training budget)")
     p.add_argument("--modes", help="comma-separated training modes (default hybrid,buffer)")
     p.add_argument("--stages", help="only these stages, e.g. generate,partition")
     p.add_argument("--kill-resume", metavar="MODE:STEP[:EVERY]",

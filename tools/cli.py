@@ -26,6 +26,7 @@ import logging
 import sys
 from pathlib import Path
 
+from ooc.tools.options import SizeAction, size_options
 from ooc.util.sizes import format_bytes as _human
 
 __all__ = ["main", "build_parser"]
@@ -150,7 +151,8 @@ def _add_graph_args(p: argparse.ArgumentParser, node_files: bool = True) -> None
     p.add_argument("--feat-dtype", choices=["float32", "float16"], default="float32")
     p.add_argument("--nan-policy", choices=["error", "zero"], default="error",
                    help="NaN/inf features: reject (default) or replace by 0")
-    p.add_argument("--memory-budget", default="2GB", help="memory for the CSC build (default 2GB)")
+    p.add_argument("--memory-budget", action=SizeAction, default="2GB",
+                   help="memory for the CSC build (default 2GB)")
     p.add_argument("--partitions", type=int, help="store P contiguous node partitions")
     p.add_argument("--progress", action="store_true", help="progress bars")
     p.add_argument("--split-random", metavar="TRAIN,VALID,TEST",
@@ -228,8 +230,13 @@ def _cmd_bench_convert(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- info / verify
 def _cmd_info(args: argparse.Namespace) -> int:
-    from ooc.storage.dataset import Dataset
+    from ooc.storage.dataset import Dataset, DatasetError
     ds = Dataset(args.dataset)
+    problems = ds.check_metadata(chunk_files=False)  # what info shows comes from this metadata
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise DatasetError(f"{problems[0]}{more}: the dataset is damaged (`ooc verify {ds.path}` lists "
+                           "every problem)")
     man = ds.manifest
     usage = ds.disk_usage()
     if args.json:
@@ -284,14 +291,17 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    """Status 0: sound; 1: problems found, one ``ooc verify: error:`` line each; 2: not checked
+    (not a dataset, an unreadable catalog, a pending rewrite: the CLI's one-line error)."""
     from ooc.storage.dataset import Dataset
     ds = Dataset(args.dataset, verify="none")  # every problem listed: chunks re-hashed below
     problems = ds.check_structure()
     if not args.structure_only:
         problems += ds.verify_checksums()
     if problems:
-        for p in problems:
-            print(f"FAIL {ds.path}: {p}", file=sys.stderr)
+        for p in dict.fromkeys(problems):  # an unreadable zarr.json is met by both passes
+            where = "" if p.startswith(str(ds.path)) else f"{ds.path}: "
+            print(f"ooc verify: error: {where}{p}", file=sys.stderr)
         return 1
     print(f"OK {ds.path}: structure{'' if args.structure_only else ' and checksums'} verified")
     return 0
@@ -593,6 +603,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
             kw["type"] = tp if tp in (int, float, str) else str
             if f.metadata.get("choices"):
                 kw["choices"] = list(f.metadata["choices"])
+            if f.metadata.get("size"):
+                kw.update(action=SizeAction, empty=True)
         p.add_argument(*names, **kw)
 
 
@@ -702,7 +714,7 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("--self-loops", choices=["keep", "remove"], default="keep")
     rm.add_argument("--dedup", action="store_true")
     rm.add_argument("--feat-dtype", choices=["float16", "float32"], default="float16")
-    rm.add_argument("--memory-budget", default="2GB")
+    rm.add_argument("--memory-budget", action=SizeAction, default="2GB")
     rm.add_argument("--partitions", type=int)
     rm.add_argument("--progress", action="store_true")
     rm.add_argument("--wait", action="store_true", help="wait for a process using --out")
@@ -718,7 +730,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="edge counts, e.g. 100M 1B (default 100M)")
     bc.add_argument("--nodes", type=_count, help="N (default E/20)")
     bc.add_argument("--workdir", default="bench-data", help="input/output folder (~20 B per edge)")
-    bc.add_argument("--memory-budget", default="2GB")
+    bc.add_argument("--memory-budget", action=SizeAction, default="2GB")
     bc.add_argument("--baseline", action="store_true", help="also run the in-memory NumPy build")
     bc.add_argument("--no-drop-caches", action="store_true", help="keep the page cache warm")
     bc.add_argument("--seed", type=int, default=0)
@@ -739,7 +751,12 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(func=_cmd_info)
 
-    ver = sub.add_parser("verify", help="check checksums and structural invariants")
+    ver = sub.add_parser("verify", help="check checksums and structural invariants",
+                         description="Check every array's metadata and chunk files, the structural "
+                                     "invariants and every chunk's checksum. Exit status 0: sound; 1: "
+                                     "problems found (one `ooc verify: error:` line each); 2: not "
+                                     "checked (not a dataset, an unreadable catalog, an interrupted "
+                                     "in-place partition).")
     ver.add_argument("dataset")
     ver.add_argument("--structure-only", action="store_true", help="skip the checksum pass")
     ver.set_defaults(func=_cmd_verify)
@@ -804,22 +821,50 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _join_list_values(argv: list[str]) -> list[str]:
-    """``--fanout -1,-1`` -> ``--fanout=-1,-1``: argparse would take ``-1,-1`` for an option."""
+def _join_dash_values(argv: list[str], sizes: set[str]) -> list[str]:
+    """``--fanout -1,-1`` -> ``--fanout=-1,-1`` and ``--memory-budget -16MB`` ->
+    ``--memory-budget=-16MB`` (for every option in ``sizes``): argparse would take a value that
+    begins with ``-`` for an option and report ``expected one argument``; joined, a fanout of -1
+    means all neighbours and a negative size is refused by its option (:mod:`ooc.tools.options`)."""
     import re
     out: list[str] = []
     i = 0
     while i < len(argv):
         a = argv[i]
-        if a in ("--fanout", "--fanouts", "--eval-fanout", "--eval-fanouts") and \
-                i + 1 < len(argv) and \
-                re.fullmatch(r"-?\d+(,-?\d+)*,?", argv[i + 1]):
-            out.append(f"{a}={argv[i + 1]}")
+        nxt = argv[i + 1] if i + 1 < len(argv) else ""
+        if (a in ("--fanout", "--fanouts", "--eval-fanout", "--eval-fanouts") and
+                re.fullmatch(r"-?\d+(,-?\d+)*,?", nxt)) or \
+                (a in sizes and re.match(r"-\.?\d", nxt)):
+            out.append(f"{a}={nxt}")
             i += 2
             continue
         out.append(a)
         i += 1
     return out
+
+
+class _PlainFormatter(logging.Formatter):
+    """Log records worded as the CLI's other messages: ``ooc COMMAND: warning: MESSAGE``."""
+
+    def __init__(self, command: str) -> None:
+        super().__init__("%(message)s")
+        self.prefix = f"ooc {command}"
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{self.prefix}: {record.levelname.lower()}: {super().format(record)}"
+
+
+def _setup_logging(command: str, verbose: bool) -> None:
+    """Warnings of every command on stderr as plain lines (``ooc partition: warning: ...``, like
+    ``ooc partition: error: ...``); with ``-v`` every record from DEBUG on, timestamped and named by
+    its logger, for diagnosis. Does nothing where logging is already configured (an embedding
+    program, pytest)."""
+    if verbose:
+        logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(_PlainFormatter(command))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
 
 
 _HUGETLB = "glibc.malloc.hugetlb=1"
@@ -885,9 +930,9 @@ def main(argv: list[str] | None = None) -> int:
     # sleeping waiters cost little.  Set before torch is imported; an explicit setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = build_parser()
-    args = parser.parse_args(_join_list_values(list(sys.argv[1:] if argv is None else argv)))
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args = parser.parse_args(_join_dash_values(list(sys.argv[1:] if argv is None else argv),
+                                               size_options(parser)))
+    _setup_logging(args.command, args.verbose)
     from ooc.config import ConfigError
     from ooc.storage.dataset import DatasetError
     from ooc.ingest.planetoid import PlanetoidError

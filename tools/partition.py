@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from ooc.tools.options import SizeAction
+
 __all__ = ["add_partition_parser"]
 
 
 def _cmd_partition(args: argparse.Namespace) -> int:
-    from ooc.util.sizes import format_bytes, parse_bytes
     from ooc.partition import partition_dataset
+    from ooc.util.sizes import format_bytes
     if args.parts is None and not args.resume:
         raise ValueError("--parts is required (unless --resume)")
     path, res = partition_dataset(args.dataset, args.parts, args.method, out=args.out, seed=args.seed,
@@ -17,14 +19,15 @@ def _cmd_partition(args: argparse.Namespace) -> int:
                                   objective=args.objective, memory_budget=args.memory_budget,
                                   edge_buckets=not args.no_edge_buckets, tol=args.tolerance,
                                   overwrite=args.overwrite, footprint=args.footprint,
-                                  resume=args.resume)
+                                  resume=args.resume, progress=args.progress)
     print(res.format())
     held, group = res.extra.get("held_bytes"), res.extra.get("group_bytes")
     split = (f": {format_bytes(held)} held whole (index arrays, one output chunk), "
              f"{format_bytes(group)} for rewrite groups" if held is not None else "")
     how = {"low": ", in place with the low disk footprint",
            "resumed": ", finishing the interrupted in-place rewrite"}.get(res.extra.get("footprint"), "")
-    print(f"wrote {path}{how} (memory budget {format_bytes(parse_bytes(args.memory_budget))}{split})")
+    # the budget the rewrite ran under: a resumed one's is the interrupted run's, not --memory-budget
+    print(f"wrote {path}{how} (memory budget {format_bytes(res.extra['memory_budget'])}{split})")
     return 0
 
 
@@ -51,7 +54,7 @@ def add_partition_parser(sub: argparse._SubParsersAction) -> None:
                    help="allowed imbalance of nodes (stream) and training nodes (default: 0.05)")
     p.add_argument("--no-balance-train", action="store_true",
                    help="do not balance training nodes across partitions")
-    p.add_argument("--memory-budget", default="2GB",
+    p.add_argument("--memory-budget", action=SizeAction, default="2GB",
                    help="memory of the rewrite: its node-sized index arrays (~36 B/node) plus "
                         "the rewrite groups (default: 2GB)")
     p.add_argument("--no-edge-buckets", action="store_true",
@@ -65,6 +68,9 @@ def add_partition_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true",
                    help="finish an interrupted in-place rewrite (the arguments it was started "
                         "with are kept; the same command again does the same)")
+    p.add_argument("--progress", action="store_true",
+                   help="progress bars (streaming passes, edge cut, each step of the rewrite; METIS "
+                        "runs as one call without one)")
     p.add_argument("--wait", action="store_true",
                    help="wait for processes using the dataset (a training run) instead of failing")
     p.set_defaults(func=_cmd_partition)

@@ -172,6 +172,7 @@ def test_sigkill_then_resume_gives_the_same_dataset(tmp_path: Path, copy_result:
         assert Dataset(ds).check_structure() == []  # untouched
         assert pending_rewrite(ds)["phase"] == "prepare"
         assert main(["partition", str(ds), "--resume"]) == 0  # runs it again, with its arguments
+        assert "(memory budget 15.3 MiB: " in capsys.readouterr().out  # ARGS' 16MB, not the default
     else:
         with pytest.raises(DatasetError, match=rf"interrupted.*`ooc partition {ds} --resume`"):
             Dataset(ds)
@@ -217,6 +218,32 @@ def test_injected_failures_then_resume(tmp_path: Path, copy_result: Path, monkey
     fail.clear()
     partition_dataset(ds, None, resume=True)
     same_dataset(ds, copy_result)
+
+
+def test_resume_reports_the_budget_the_rewrite_was_started_with(tmp_path: Path, monkeypatch,
+                                                               capsys: pytest.CaptureFixture) -> None:
+    """``--resume`` runs under the interrupted run's settings (its journal) and its summary says so:
+    the same budget and split as an uninterrupted run's, not the default (or a new) --memory-budget."""
+    import ooc.partition_inplace as inplace
+    ref = make(tmp_path / "ref")
+    assert main(["partition", str(ref), *ARGS, "--footprint", "low"]) == 0
+    want = capsys.readouterr().out.splitlines()[-1]
+    assert "(memory budget 15.3 MiB: " in want and "for rewrite groups)" in want
+    ds = make(tmp_path / "d")
+    fail = ["low-disk-place"]
+
+    def fault(name: str) -> None:
+        if name in fail:
+            fail.remove(name)
+            raise OSError(28, f"injected at {name}")
+
+    monkeypatch.setattr(inplace, "_fault_point", fault)
+    assert main(["partition", str(ds), *ARGS, "--footprint", "low"]) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert main(["partition", str(ds), "--resume", "--memory-budget", "1GB"]) == 0
+    got = capsys.readouterr().out.splitlines()[-1]
+    assert got == want.replace(str(ref), str(ds)).replace("in place with the low disk footprint",
+                                                          "finishing the interrupted in-place rewrite")
 
 
 def test_sigterm_after_consumption_names_resume(tmp_path: Path, copy_result: Path) -> None:

@@ -159,3 +159,18 @@ def test_manifest_records_counts_and_format(tmp_path: Path) -> None:
     assert m["arrays"]["topology/indices"] == {"shape": [2], "dtype": "int32", "chunk_rows": 2}
     meta = json.loads((ds.path / "arrays.zarr" / "topology" / "indptr" / "zarr.json").read_text())
     assert meta["zarr_format"] == 3
+
+
+def test_check_metadata_names_the_file(tmp_path: Path) -> None:
+    """Array metadata checks: unreadable or disagreeing ``zarr.json`` always, short chunk files
+    only with ``chunk_files`` (``ooc info`` reads metadata only)."""
+    ds_path = small_dataset(tmp_path / "d", 8, [0, 1, 2], [1, 2, 3])
+    assert Dataset(ds_path).check_metadata() == []
+    chunk = ds_path / "arrays.zarr/nodes/features/c/0/0"
+    chunk.write_bytes(chunk.read_bytes()[:-4])
+    assert Dataset(ds_path).check_metadata(chunk_files=False) == []
+    assert "holds" in Dataset(ds_path).check_metadata()[0]
+    meta = ds_path / "arrays.zarr/nodes/labels/zarr.json"
+    meta.write_text(meta.read_text()[:40])
+    problems = Dataset(ds_path).check_metadata(chunk_files=False)
+    assert len(problems) == 1 and f"{meta}: not valid JSON" in problems[0]

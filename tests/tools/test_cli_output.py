@@ -1,4 +1,5 @@
-"""What the CLI writes outside training: first-run notice, quiet broken pipes, progress lines in logs."""
+"""What the CLI writes outside training: first-run notice, quiet broken pipes, progress lines in logs,
+`ooc info` on damaged metadata, `ooc verify`'s problem lines, warnings."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import small_dataset
+from ooc.tools.cli import main
 
 CLI = [sys.executable, "-m", "ooc.tools.cli"]
 
@@ -45,3 +49,61 @@ def test_convert_progress_into_a_log_file_is_lines(tmp_path: Path) -> None:
     assert "\r" not in r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("count:")]
     assert lines[0].startswith("count:   0%") and lines[-1].startswith("count: 100%")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not json", "missing"])
+@pytest.mark.parametrize("array", ["nodes/labels", "nodes/features", "topology/indptr"])
+def test_info_refuses_damaged_array_metadata(tmp_path: Path, capsys: pytest.CaptureFixture, array: str,
+                                             damage: str) -> None:
+    """Metadata of an array info does not otherwise read: one line naming the file, status 2."""
+    ds = small_dataset(tmp_path / "ds", 4, [0, 1, 2], [1, 2, 3])
+    meta = ds / "arrays.zarr" / array / "zarr.json"
+    if damage == "missing":
+        meta.unlink()
+    else:
+        meta.write_text(meta.read_text()[:50] if damage == "truncated" else "{not json")
+    for json_out in ([], ["--json"]):
+        assert main(["info", str(ds), *json_out]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1, err
+        assert err.startswith("ooc info: error: ") and str(meta) in err
+        assert ("Zarr array metadata missing" if damage == "missing" else "not valid JSON") in err
+        assert f"`ooc verify {ds}` lists every problem" in err
+
+
+def test_verify_problem_lines_share_the_error_prefix(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Structure and checksum problems alike: ``ooc verify: error: DATASET: ...``, status 1; a
+    dataset that cannot be checked at all: the CLI's one-line error, status 2; sound: 0."""
+    ds = small_dataset(tmp_path / "ds", 4, [0, 1, 2], [1, 2, 3])
+    assert main(["verify", str(ds)]) == 0
+    assert capsys.readouterr().out == f"OK {ds}: structure and checksums verified\n"
+    chunk = ds / "arrays.zarr/topology/indices/c/0"
+    raw = bytearray(chunk.read_bytes())
+    raw[0] = 9  # node id 9 of 4: a structural problem and a checksum failure
+    chunk.write_bytes(bytes(raw))
+    assert main(["verify", str(ds)]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and all(ln.startswith(f"ooc verify: error: {ds}: ") for ln in lines), lines
+    assert "outside [0, 4)" in lines[0] and "fails its checksum" in lines[1]
+    assert main(["verify", str(ds), "--structure-only"]) == 1
+    assert len(capsys.readouterr().err.splitlines()) == 1
+    assert main(["verify", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err == f"ooc verify: error: {tmp_path / 'none'}: no such dataset directory\n"
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_warnings_read_like_the_cli_errors(verbose: bool) -> None:
+    """Every command's warnings: ``ooc COMMAND: warning: ...``; ``-v``: timestamped records of every level."""
+    code = ("import logging\n"
+            "from ooc.tools.cli import _setup_logging\n"
+            f"_setup_logging('train', {verbose})\n"
+            "logging.getLogger('ooc.data').warning('%s holds 4 stored partitions', 'DS')\n"
+            "logging.getLogger('ooc.data').info('planned')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    if verbose:
+        lines = r.stderr.splitlines()
+        assert len(lines) == 2 and lines[0].endswith(" ooc.data WARNING DS holds 4 stored partitions")
+        assert lines[1].endswith(" ooc.data INFO planned")
+    else:
+        assert r.stderr == "ooc train: warning: DS holds 4 stored partitions\n"

@@ -206,6 +206,16 @@ def test_cli_refuses_combinations_that_cannot_work(planted_dataset: Path, tmp_pa
     assert not (tmp_path / "r").exists()
 
 
+def test_a_bad_size_in_a_config_names_its_option(planted_dataset: Path, tmp_path: Path) -> None:
+    """Sizes from --config or --set are checked like the flags' (ooc.tools.options), by name."""
+    for key in ("memory_budget", "cache_size", "hot_topology", "device_cache"):
+        flag = "--" + key.replace("_", "-")
+        with pytest.raises(ValueError, match=rf"^{flag}: -16MB is not a size \(sizes are positive"):
+            _cfg(planted_dataset, tmp_path / "a", **{key: "-16MB"}).validate()
+        with pytest.raises(ValueError, match=rf"^{flag}: cannot parse size 'lots'"):
+            _cfg(planted_dataset, tmp_path / "a", **{key: "lots"}).validate()
+
+
 def test_bad_options_and_setup_errors_leave_no_run_folder(planted_dataset: Path, tmp_path: Path) -> None:
     """``--io-depth`` < 1 and a negative ``--io-gap`` are refused; a missing dataset and a memory
     budget too small for the run fail before training and leave no output folder behind."""
