@@ -9,7 +9,8 @@ environment with torch 2.2.1: ``--dgl-python``), then ooc in every ``--modes`` e
 the same run of ``--baseline-python``'s ooc, an older checkout, when given) -- ``resident``
 (every partition resident: hybrid with a budget above the dataset, which is exact's plan), ``hybrid``,
 ``hybrid-pq`` (``--miss-features pq``; the dataset is compressed first if it has no codes) and
-``exact`` (``exact-belady``: with ``--cache-policy belady``), each at ``--budget`` (default
+``exact`` (its default read-ahead windows; ``exact-cache``: ``--read-ahead 0``, per-batch reads
+behind the CPU row cache; ``exact-belady``: with ``--cache-policy belady``), each at ``--budget`` (default
 dataset / 3) with O_DIRECT reads.  Repetition ``i`` uses seed
 ``i`` for every run, so the repetitions also give the accuracy over seeds.  Same model and
 hyper-parameters for all: GraphSAGE-mean, 2 layers, ``--fanout``, ``--batch-size``, ``--hidden``,
@@ -37,7 +38,7 @@ from pathlib import Path
 __all__ = ["PEER_MODES", "run_bench_peer", "add_bench_peer"]
 
 #: --modes entries
-PEER_MODES = ("resident", "hybrid", "hybrid-pq", "exact", "exact-belady")
+PEER_MODES = ("resident", "hybrid", "hybrid-pq", "exact", "exact-cache", "exact-belady")
 
 
 def _default_peers() -> Path:
@@ -92,11 +93,13 @@ def _mode_args(mode: str, budget: int) -> list[str]:
     args = ["--mode", "hybrid" if mode.startswith("hybrid") else "exact", "--memory-budget", str(budget),
             "--direct-io"]
     return args + (["--miss-features", "pq"] if mode == "hybrid-pq" else []) \
-        + (["--cache-policy", "belady"] if mode == "exact-belady" else [])
+        + (["--cache-policy", "belady"] if mode == "exact-belady" else []) \
+        + (["--read-ahead", "0"] if mode == "exact-cache" else [])
 
 
 _NAMES = {"resident": "ooc, everything resident", "hybrid": "ooc hybrid, budget {}",
           "hybrid-pq": "ooc hybrid --miss-features pq, budget {}", "exact": "ooc exact, budget {}",
+          "exact-cache": "ooc exact --read-ahead 0, budget {}",
           "exact-belady": "ooc exact --cache-policy belady, budget {}"}
 
 
