@@ -394,7 +394,9 @@ def _print_summary(m: dict) -> None:
         refused = sum(1 for c in split["candidates"] if c.get("refused"))
         print(f"budget split  chose topology {split['topology']}"
               + (", PQ codes" if split["pq"] else "") + f", {split['slots']} partition slot"
-              f"{'' if split['slots'] == 1 else 's'}, cache {_human(split['cache_bytes'])} (best of "
+              f"{'' if split['slots'] == 1 else 's'}, cache {_human(split['cache_bytes'])}"
+              + (f", read-ahead {split['read_ahead']} batches" if split.get("read_ahead") else "")
+              + " (best of "
               f"{tried - refused} splits" + (f"; {refused} did not fit" if refused else "")
               + f"); predicted training read {_human(split['predicted_bytes'])} per epoch in "
               f"{split['predicted_requests']:,} requests{real}")

@@ -26,7 +26,10 @@ the inner hops' misses are read; the row cache's hit ratio follows Che's approxi
 cache with each node asked for in proportion to its degree (a node is drawn as an in-neighbour about
 in proportion to its out-degree, equal to its in-degree in graphs stored in both directions); partition
 loads read each loaded partition once; with the topology on disk every list of every hop but the
-last is one request of at least one page.  Seconds = bytes / :data:`DISK_BYTES_PER_S` + requests x
+last is one request of at least one page.  With a read-ahead window of W batches
+(:class:`ooc.data.lookahead.ReadAhead`) the misses are read once per window instead: W batches'
+misses (at most every node), a page each with O_DIRECT, at most the whole feature file, in requests of
+``MISS_RUN_BYTES``.  Seconds = bytes / :data:`DISK_BYTES_PER_S` + requests x
 :data:`REQUEST_S` (O_DIRECT with 32 requests in flight on this project's development VM).  Buffer
 mode samples inside the resident partitions: it reads only its partition loads (their in-edges too
 with the topology on disk).  Splits within :data:`TIE` (10%) of each other are ranked by partition
@@ -50,7 +53,7 @@ from ooc.kernels.disk_sampling import sample_blocks_lists
 from ooc.kernels.rng import batch_key
 from ooc.kernels.sampling import SampledSubgraph
 from ooc.storage.dataset import Dataset
-from ooc.storage.io import NeighborReader
+from ooc.storage.io import MISS_RUN_BYTES, NeighborReader
 from ooc.util.sizes import format_bytes
 
 if TYPE_CHECKING:
@@ -154,13 +157,16 @@ class SplitChoice:
             parts.append(f"row cache {format_bytes(p.cache)}")
         if self.pq:
             parts.append(f"PQ codes {format_bytes(p.compressed)}")
+        if p.read_ahead:
+            parts.append(f"read-ahead {p.read_ahead} batches {format_bytes(p.read_ahead_bytes)}")
         return (", ".join(parts) + f"; predicted read per epoch {format_bytes(int(self.predicted.bytes))}"
                 f" in {int(self.predicted.requests):,} requests ({len(self.candidates)} splits "
                 f"compared, probe {self.probe_s:.1f} s)")
 
     def as_dict(self) -> dict:
         return {"topology": self.topology, "pq": self.pq, "cache_bytes": self.plan.cache,
-                "slots": self.plan.slots, "predicted_bytes": int(self.predicted.bytes),
+                "slots": self.plan.slots, "read_ahead": self.plan.read_ahead,
+                "predicted_bytes": int(self.predicted.bytes),
                 "predicted_requests": int(self.predicted.requests),
                 "candidates": [{"split": lab, "predicted_bytes": None if c is None else int(c.bytes),
                                 "predicted_requests": None if c is None else int(c.requests),
@@ -352,10 +358,16 @@ def _epoch_cost(cfg: "TrainConfig", ds: Dataset, st: _StateStats, plan: BudgetPl
     if row_bytes:
         misses = (st.rows - st.resident).sum() / probed * num_batches
         read_misses = misses - (st.outer_miss.sum() / probed * num_batches if pq else 0.0)
-        hit = _cache_hit(degrees, (st.rows - st.resident).sum() / probed, plan.cache_rows)
-        reads = read_misses * (1.0 - hit)
         per = max(row_bytes, _PAGE) if cfg.direct_io else row_bytes
-        cost += ReadCost(reads * per, reads)
+        if plan.read_ahead >= 2 and plan.slots < plan.num_parts:  # one gather per window
+            windows = -(-num_batches // plan.read_ahead)
+            rows = min(float(ds.num_nodes), read_misses / max(num_batches, 1) * plan.read_ahead)
+            wbytes = min(float(ds.features.nbytes), rows * per)
+            cost += ReadCost(windows * wbytes, windows * max(1.0, wbytes / MISS_RUN_BYTES))
+        else:
+            hit = _cache_hit(degrees, (st.rows - st.resident).sum() / probed, plan.cache_rows)
+            reads = read_misses * (1.0 - hit)
+            cost += ReadCost(reads * per, reads)
         if plan.slots:
             part_bytes = float(ds.num_nodes) / max(plan.num_parts, 1) * row_bytes
             loads = st.loads_per_epoch if plan.slots < plan.num_parts else \

@@ -207,3 +207,31 @@ def test_hot_topology_counts_only_where_the_lists_are_on_disk(planted_dataset: P
     assert auto.topology == "memory" and auto.plan.topology == mem.plan.topology
     with pytest.raises(ValueError, match="needs --topology disk or auto"):
         _cfg(planted_dataset, topology="memory", hot_topology="64KB")
+
+
+def test_exact_read_ahead_predicts_one_read_per_window(tmp_path: Path) -> None:
+    """Exact mode under a budget: with the default read-ahead the misses of a window of batches are
+    predicted as one read of at most the feature file each (requests of 128 KiB); with
+    ``--read-ahead 0`` as one request per missed row (less the cache's hits)."""
+    from ooc.ingest.convert import write_graph_dataset
+    from ooc.kernels.generators import planted_partition
+    from ooc.kernels.partition import contiguous_partitions
+    g = planted_partition(3000, num_classes=4, avg_degree=8, feat_dim=256, noise=2.0, seed=1,
+                          train_frac=0.3)
+    p = write_graph_dataset(tmp_path / "wide", g.num_nodes, g.src, g.dst, g.features, g.labels,
+                            {"train": g.train, "valid": g.valid, "test": g.test}, g.num_classes,
+                            "wide", partition_offsets=contiguous_partitions(3000, 8))
+    kw = dict(mode="exact", memory_budget="4MB", batch_size=16, fanouts=[3, 3], eval_batch_size=16)
+    win = _plan(p, **kw)
+    per_row = _plan(p, read_ahead="0", **kw)
+    assert win.split is not None and per_row.split is not None
+    w = win.plan.read_ahead
+    assert w >= 2 and per_row.plan.read_ahead == 0 and per_row.plan.cache > win.plan.cache
+    steps = -(-g.train.shape[0] // 16)
+    windows = -(-steps // w)
+    feat = 3000 * 256 * 4
+    assert win.split.predicted.bytes <= windows * feat
+    assert win.split.predicted.requests <= windows * -(-feat // (128 << 10))
+    # per-row reads: one request per missed row, bytes = requests x row
+    assert per_row.split.predicted.bytes == pytest.approx(per_row.split.predicted.requests * 1024)
+    assert per_row.split.predicted.requests > 10 * win.split.predicted.requests
