@@ -467,6 +467,11 @@ def validate_data_options(cfg: "TrainConfig") -> None:
         if cfg.task == "link":
             raise ValueError("--read-ahead applies to node tasks: link prediction's batches "
                              "(positive edges and their negatives) are not sampled ahead")
+        if cfg.cache_size:
+            raise ValueError(f"--read-ahead {cfg.read_ahead} and --cache-size {cfg.cache_size}: a "
+                             "read-ahead window serves every row outside the partition slots, so "
+                             "the cache would never be asked; use one (--read-ahead 0 keeps the "
+                             "cache)")
         if cfg.cache_policy in LOOKAHEAD_POLICIES:
             raise ValueError(f"--read-ahead and --cache-policy {cfg.cache_policy} both plan the "
                              "reads of batches sampled ahead (a window read bypasses the cache, so "

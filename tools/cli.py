@@ -375,6 +375,11 @@ def _print_summary(m: dict) -> None:
     slots = f"{b['slots']} partition slot{'' if b['slots'] == 1 else 's'}"
     staging = f", batches in flight {_human(b['staging'])}" if b.get("budget") else ""
     ahead = ""
+    cfg = m["config"]
+    if str(cfg.get("read_ahead", "")).lower() == "auto" and m["mode"] == "exact" \
+            and b.get("budget") and not b.get("read_ahead") and b["slots"] < b["num_parts"]:
+        ahead = (", read-ahead off (--cache-size given)" if cfg.get("cache_size") else
+                 ", read-ahead off (the budget holds no window of 2 batches)")
     if b.get("read_ahead") and b["slots"] < b["num_parts"]:
         last = hist[-1]
         reads = last.get("read_ahead_reads", 0)

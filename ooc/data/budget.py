@@ -310,8 +310,10 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
             :class:`ooc.data.lookahead.ReadAhead`): their samples and rows, charged per rank
             (:func:`ooc.data.lookahead.read_ahead_bytes`); 0 = none; None (``auto``): in exact mode
             under a budget with rows left on disk and no ``cache_size``, as many batches as the
-            memory a CPU cache would get holds (the cache gets the rest), at most
-            ``train_batches`` (a rank's steps per epoch), none below 2; otherwise 0.
+            memory a CPU cache would get holds (no cache then: a window serves every row outside
+            the slots), at most ``train_batches`` (a rank's steps per epoch, which caps a given
+            window too), none below 2; otherwise 0.  A window is dropped where every partition
+            is resident.
 
     Raises:
         ValueError: the budget cannot hold the fixed parts plus the minimum the mode needs (one
@@ -368,8 +370,11 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
         return w if w >= 2 else 0
 
     auto_ahead = read_ahead is None
-    ahead_n = 0 if auto_ahead or mode == "buffer" or row_bytes == 0 else int(read_ahead or 0)
-    ahead = window_bytes(ahead_n)
+    steps_cap = max(int(train_batches), 0) or 1 << 30  # a window holds at most an epoch's steps
+    ahead_n = 0 if auto_ahead or mode == "buffer" or row_bytes == 0 else \
+        min(int(read_ahead or 0), steps_cap)
+    ahead = window_bytes(ahead_n) if ahead_n >= 2 else 0
+    ahead_n = ahead_n if ahead else 0
     scratch += ahead
     slot = BufferManager.slot_bytes(int(sizes.max()), row_bytes)
     slot_private = 0
@@ -434,23 +439,25 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                    else "") + ")")
         per_slot = slots_cost(1)
         if mode == "exact":
-            if slots_cost(num_parts) <= avail and not cache_size:
-                slots, cache = num_parts, 0
+            if slots_cost(num_parts) <= avail + lw * ahead and not cache_size:
+                slots, cache = num_parts, 0  # (a window given would read nothing: dropped below)
             else:
                 slots, cache = 0, min(avail, cache_size) if cache_size else avail
-                if auto_ahead and row_bytes and not cache_size:
+                if ahead_n:
+                    cache = 0  # the window serves every row outside the slots: no cache is asked
+                elif auto_ahead and row_bytes and not cache_size:
                     # the memory a cache would get holds a read-ahead window instead: one sweep of
                     # the features serves the window's batches, where a cache of a few % of the
-                    # rows saves a few % of the scattered reads (with --cache-size: the cache)
+                    # rows saves a few % of the scattered reads (with --cache-size: the cache);
+                    # what is left is not a cache either (no row would be asked of it)
                     room = avail // max(lw, 1)
                     w = 0
-                    cap = max(int(train_batches), 0) or 1 << 30
-                    while w < cap and window_bytes(w + 1) <= room:
+                    while w < steps_cap and window_bytes(w + 1) <= room:
                         w += 1
                     if w >= 2:
                         ahead_n, ahead = w, window_bytes(w)
                         scratch += ahead
-                        cache = avail - lw * ahead
+                        cache = 0
         else:
             cache = 0
             if mode == "hybrid" and cache_policy != "none":
@@ -460,6 +467,9 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                 slots = num_parts
                 if mode == "hybrid" and not cache_size:
                     cache = 0
+    if ahead_n and slots >= num_parts:  # every partition resident: a window would read nothing
+        scratch -= ahead
+        ahead_n = ahead = 0
     if cache_policy == "none":
         cache = 0
     cache_rows = CachedFeature.rows_for(cache // lw, row_bytes, cache_policy) * lw if cache else 0

@@ -522,12 +522,12 @@ class DataPath:
         d["topology_bytes_read"] = topo
         d["bytes_read"] += topo
         d["approx_rows"] = d["approx_rows"] + self.misses.reset_stats()
-        if self.readahead is not None:
-            d.update(self.readahead.reset_stats())
-            d["bytes_read"] += d["read_ahead_bytes"]
-            ev = self._eval_ahead.reset_stats() if self._eval_ahead is not None else {}
-            d["bytes_read"] += ev.get("read_ahead_bytes", 0)
-            d.update({"eval_" + k: v for k, v in ev.items()})
+        for pre, ra in (("", self.readahead), ("eval_", self._eval_ahead)):
+            st = ra.reset_stats() if ra is not None else {
+                "read_ahead_bytes": 0, "read_ahead_rows": 0, "read_ahead_reads": 0,
+                "read_ahead_s": 0.0, "read_ahead_hits": 0}
+            d["bytes_read"] += st["read_ahead_bytes"]
+            d.update({pre + k: v for k, v in st.items()})
         if self.cache is not None:
             d.update(self.cache.reset_stats().as_dict())
         else:

@@ -342,7 +342,8 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
     # RSS baseline of the runtime, before any data (the budget excludes it); before seeding, so the
     # warm-up step does not move the random streams of the run
     from ooc.interop.custom import is_custom
-    rss = warm_up_runtime("sage" if is_custom(cfg.model) else cfg.model, len(cfg.fanouts))
+    rss = warm_up_runtime("sage" if is_custom(cfg.model) else cfg.model, len(cfg.fanouts),
+                          shared=job.local_world_size > 1)
     rss.start_sampling()
     seed_everything(cfg.seed)
     device = job.device

@@ -27,14 +27,30 @@ from ooc.storage.io import (ALIGN, _add_draw_scores, _copy_hot, _hot_nodes, _hot
 __all__ = ["warm_up_runtime"]
 
 
-def warm_up_runtime(model: str = "sage", num_layers: int = 2) -> RssMonitor:
+def _readonly(a: np.ndarray) -> np.ndarray:
+    b = a.copy()
+    b.flags.writeable = False
+    return b
+
+
+def warm_up_runtime(model: str = "sage", num_layers: int = 2, shared: bool = False) -> RssMonitor:
     """Load every kernel and run one tiny training step, then measure the RSS baseline.
 
     The baseline is the runtime's fixed overhead -- interpreter, torch (autograd engine, optimiser
     modules, thread pools), Numba's compiled code -- which exists before any data does; the memory
-    budget covers everything allocated after it.
+    budget covers everything allocated after it.  ``shared``: the run's topology arrays will be
+    read-only views of shared memory (several local ranks), a signature of their own for Numba.
     """
     tune_allocator()
+    if shared:
+        ip_ro = _readonly(np.array([0, 1, 2, 2], dtype=np.int64))
+        for wide in (np.int64, np.int32):
+            ix_ro = _readonly(np.array([1, 0], dtype=wide))
+            sg = sample_blocks(ip_ro, ix_ro, np.array([0]), [2] * num_layers, np.uint64(1))
+            to_torch_blocks(sg, _readonly(np.diff(ip_ro)), _readonly(self_loop_counts(ip_ro, ix_ro)))
+            _filter_lists(np.array([0, 1], dtype=np.int64), ix_ro[:1],
+                          ip_ro[:2], np.zeros(1, dtype=np.int64), 1,
+                          np.zeros(1, dtype=np.int64), 0, np.empty(1, dtype=np.int64), 0)
     ip = np.array([0, 1, 2, 2], dtype=np.int64)
     # both index widths: datasets store int32 or int64 lists, buffer mode's resident subgraph is
     # int64, and the budget planner's probe samples over lists read from disk (a signature compiled

@@ -250,19 +250,25 @@ def test_read_ahead_reads_each_window_once_and_batches_get_exact_rows() -> None:
 
 
 @pytest.mark.parametrize("mode", ["exact", "hybrid"])
-def test_read_ahead_trains_the_losses_of_reading_per_batch(planted_dataset: Path, tmp_path: Path,
-                                                           mode: str) -> None:
+def test_read_ahead_trains_the_losses_of_reading_per_batch(planted_dataset: Path, wide_planted: Path,
+                                                           tmp_path: Path, mode: str) -> None:
     """``--read-ahead``: the same losses and accuracy as the same run without it (exact mode: as
     without a budget), rows asked for by several batches read once, and the same again after a
-    resume (exact: a budget with a CPU cache; hybrid: 3 of 8 partitions resident)."""
-    kw: dict = (dict(mode=mode, memory_budget="8MB", cache_size="60kB", topology="memory")
-                if mode == "exact" else dict(mode=mode, buffer_partitions=3))
+    resume (exact: a budget below the features; hybrid: 3 of 8 partitions resident)."""
+    if mode == "exact":
+        planted_dataset = wide_planted
+        kw: dict = dict(mode=mode, memory_budget="4MB", topology="memory", batch_size=16,
+                        fanouts=[3, 3], eval_batch_size=16)
+    else:
+        kw = dict(mode=mode, buffer_partitions=3)
     off = train(_cfg(planted_dataset, tmp_path / "off", read_ahead="0", **kw))
     on = train(_cfg(planted_dataset, tmp_path / "on", read_ahead="4", **kw))
     assert on["losses"] == off["losses"] and on["test_acc"] == off["test_acc"]
     if mode == "exact":
-        assert on["losses"] == train(_cfg(planted_dataset, tmp_path / "free"))["losses"]
+        free = {k: v for k, v in kw.items() if k != "memory_budget"}
+        assert on["losses"] == train(_cfg(planted_dataset, tmp_path / "free", **free))["losses"]
     h = on["history"][-1]
+    assert on["budget"]["read_ahead"] == 4 and on["budget"]["cache"] == 0
     assert h["read_ahead_reads"] == -(-(on["steps"] // 2) // 4) and h["read_ahead_hits"] > 0  # 2 epochs
     assert h["read_ahead_rows"] < h["row_misses"]  # rows asked by several batches read once
     from ooc.training.loop import Interrupted
@@ -278,6 +284,7 @@ def test_read_ahead_trains_the_losses_of_reading_per_batch(planted_dataset: Path
     (dict(read_ahead="4", mode="buffer"), "buffer mode"),
     (dict(read_ahead="4", task="link"), "node tasks"),
     (dict(read_ahead="4", cache_policy="belady"), "use one"),
+    (dict(read_ahead="4", cache_size="1MB"), "the cache would never be asked"),
 ])
 def test_read_ahead_refuses_what_it_cannot_serve(planted_dataset: Path, tmp_path: Path, kw: dict,
                                                  match: str) -> None:
