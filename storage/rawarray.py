@@ -100,6 +100,9 @@ class RawArray:
             raise FileNotFoundError(f"{meta_file}: Zarr array metadata missing") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"{meta_file}: not valid JSON ({e})") from None
+        if not isinstance(meta, dict):
+            raise ValueError(f"{meta_file}: not Zarr v3 array metadata (a JSON "
+                             f"{type(meta).__name__}, not an object)")
         try:
             self._parse(meta)
         except (KeyError, TypeError, IndexError, ValueError, AttributeError) as e:

@@ -174,3 +174,6 @@ def test_check_metadata_names_the_file(tmp_path: Path) -> None:
     meta.write_text(meta.read_text()[:40])
     problems = Dataset(ds_path).check_metadata(chunk_files=False)
     assert len(problems) == 1 and f"{meta}: not valid JSON" in problems[0]
+    meta.write_text("[1, 2]")  # valid JSON, not an object
+    problems = Dataset(ds_path).check_metadata(chunk_files=False)
+    assert len(problems) == 1 and f"{meta}: not Zarr v3 array metadata (a JSON list" in problems[0]
