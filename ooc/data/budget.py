@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import psutil
@@ -256,6 +256,14 @@ def _staging_bytes(n: int, avg_deg: float, row_bytes: int, feat_dim: int, batch_
     return int(max(train, ev))
 
 
+def _largest_window(fits: "Callable[[int], bool]", cap: int) -> int:
+    """The largest window ``w <= cap`` batches with ``fits(w)`` (bytes grow with ``w``); 0 below 2."""
+    w = 0
+    while w < cap and fits(w + 1):
+        w += 1
+    return w if w >= 2 else 0
+
+
 def _batch_extent(n: int, avg_deg: float, batch_size: int, fanouts: list[int]) -> tuple[int, int]:
     """Upper estimate of one batch's ``(input rows, sampled edges)`` (no deduplication)."""
     rows = batch_size
@@ -364,10 +372,7 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
         else:
             er, ee = _batch_extent(n, e / max(n, 1), eval_batch_size,
                                    list(eval_fanouts) if eval_fanouts else [-1] * len(fanouts))
-        w = 0
-        while w < 1 << 16 and read_ahead_bytes(w + 1, er, ee, n, row_bytes) <= room:
-            w += 1
-        return w if w >= 2 else 0
+        return _largest_window(lambda w: read_ahead_bytes(w, er, ee, n, row_bytes) <= room, 1 << 16)
 
     auto_ahead = read_ahead is None
     steps_cap = max(int(train_batches), 0) or 1 << 30  # a window holds at most an epoch's steps
@@ -451,10 +456,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                     # rows saves a few % of the scattered reads (with --cache-size: the cache);
                     # what is left is not a cache either (no row would be asked of it)
                     room = avail // max(lw, 1)
-                    w = 0
-                    while w < steps_cap and window_bytes(w + 1) <= room:
-                        w += 1
-                    if w >= 2:
+                    w = _largest_window(lambda k: window_bytes(k) <= room, steps_cap)
+                    if w:
                         ahead_n, ahead = w, window_bytes(w)
                         scratch += ahead
                         cache = 0

@@ -259,12 +259,21 @@ class ReadAhead:
         self._kept.clear()
         self.table.clear()
 
+    @staticmethod
+    def _stats(nbytes: int, rows: int, reads: int, seconds: float, hits: int) -> dict:
+        return {"read_ahead_bytes": nbytes, "read_ahead_rows": rows, "read_ahead_reads": reads,
+                "read_ahead_s": seconds, "read_ahead_hits": hits}
+
+    @staticmethod
+    def no_stats() -> dict:
+        """The counters of :meth:`reset_stats`, all 0 (a run without a read-ahead)."""
+        return ReadAhead._stats(0, 0, 0, 0.0, 0)
+
     def reset_stats(self) -> dict:
         """``read_ahead_bytes``, ``read_ahead_rows``, ``read_ahead_reads``, ``read_ahead_s`` and
         ``read_ahead_hits`` (rows served from the staged table) since the last call (then 0)."""
-        d = {"read_ahead_bytes": self.bytes_read, "read_ahead_rows": self.rows,
-             "read_ahead_reads": self.reads, "read_ahead_s": self.read_s,
-             "read_ahead_hits": self.table.reset_stats()}
+        d = self._stats(self.bytes_read, self.rows, self.reads, self.read_s,
+                        self.table.reset_stats())
         self.bytes_read = self.rows = self.reads = 0
         self.read_s = 0.0
         return d

@@ -236,12 +236,12 @@ class DataPath:
 
     def _then_release(self, it: Iterator[Batch]) -> Iterator[Batch]:
         """``it``, then the read-ahead's window dropped (its rows are not kept for evaluation)."""
+        assert self.readahead is not None
         try:
             yield from it
         finally:
             it.close()  # type: ignore[attr-defined]
-            if self.readahead is not None:
-                self.readahead.release()
+            self.readahead.release()
 
     def _tensor(self, rows: np.ndarray, native: bool = False) -> torch.Tensor:
         """``rows`` as a tensor: float32, row-normalised with ``feat_norm='row'``; with ``native``
@@ -523,9 +523,7 @@ class DataPath:
         d["bytes_read"] += topo
         d["approx_rows"] = d["approx_rows"] + self.misses.reset_stats()
         for pre, ra in (("", self.readahead), ("eval_", self._eval_ahead)):
-            st = ra.reset_stats() if ra is not None else {
-                "read_ahead_bytes": 0, "read_ahead_rows": 0, "read_ahead_reads": 0,
-                "read_ahead_s": 0.0, "read_ahead_hits": 0}
+            st = ra.reset_stats() if ra is not None else ReadAhead.no_stats()
             d["bytes_read"] += st["read_ahead_bytes"]
             d.update({pre + k: v for k, v in st.items()})
         if self.cache is not None:
@@ -893,11 +891,8 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
              f" for {job.local_world_size} local ranks" if job.local_world_size > 1 else "")
     data = DataPath(cfg, ds, job, graph, labels, offsets, plan, buffer, misses, sampler, readers, rss)
     data.topology, data.split = mp.topology, mp.split
-    if plan.read_ahead and task == "node" and has_feats:
-        if plan.slots >= plan.num_parts:
-            log.info("--read-ahead %d: every partition is resident, no row is read", plan.read_ahead)
-        else:
-            data.readahead = ReadAhead(data._sample_step, misses, plan.read_ahead, data._missing_rows)
+    if plan.read_ahead and task == "node" and has_feats:  # (none planned when all is resident)
+        data.readahead = ReadAhead(data._sample_step, misses, plan.read_ahead, data._missing_rows)
     if job.local_world_size > 1:  # what the machine's ranks hold once
         data.shared_bytes = (buffer.alloc_bytes if buffer.shared else 0) + graph.indptr.nbytes \
             + graph.degrees.nbytes + (graph.loops.nbytes if graph.loops is not None else 0) \
