@@ -386,7 +386,6 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
     if mode == "buffer":  # in-edges of the partition (raw) travel with it; its local CSC per rank
         slot += BufferManager.slot_bytes(int(part_edges.max()), idx_item)
         slot_private = 8 * int(part_edges.max()) + 24 * (int(sizes.max()) + 1)
-    per_row = CachedFeature.bytes_per_row(row_bytes)
     depth = max(int(prefetch), 0)
 
     def staging(d: int) -> int:
