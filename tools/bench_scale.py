@@ -55,6 +55,10 @@ class ScaleConfig:
             the automatic budget split under ``auto_budget``; ``exact`` runs with
             everything in memory, as the accuracy reference).
         topology: ``--topology`` of the budgeted runs (``disk``: only indptr in memory).
+        checkpoint_every: ``--checkpoint-every`` of the training stages (0: none).  With
+            checkpoints, a training stage that was interrupted (its process killed, the machine
+            lent for a shorter time than the epoch takes) continues with ``ooc train --resume``
+            when the benchmark is run again; the stage records each segment.
     """
 
     nodes: int = 50_000_000
@@ -79,6 +83,7 @@ class ScaleConfig:
     topology: str = "disk"
     auto_budget: str = ""
     seed: int = 0
+    checkpoint_every: int = 0
     extra_train_args: list[str] = field(default_factory=list)
 
     @classmethod
@@ -92,6 +97,18 @@ class ScaleConfig:
         return cls(nodes=500_000, edges=10_000_000, splits=(0.05, 0.01, 0.01), parts=16,
                    budget="", buffer_parts=4, gen_budget="512MB", part_budget="256MB",
                    modes=("hybrid", "buffer", "exact", "auto"), auto_budget="600MB")
+
+    @classmethod
+    def papers100m(cls) -> "ScaleConfig":
+        """ogbn-papers100M's shape: 111,059,956 nodes, 1,615,685,872 directed edges, 128-d
+        features (float16 here), 172 classes and its split sizes (1,207,179 / 125,265 / 214,338
+        nodes as fractions); generated under 4 GB (the degree arrays alone are 2.2 GB), 128
+        stream partitions, hybrid with the topology on disk under 8 GB,
+        a checkpoint every 100 steps (an epoch is longer than many machines are lent for)."""
+        n = 111_059_956
+        return cls(nodes=n, edges=1_615_685_872, classes=172,
+                   splits=(1_207_179 / n, 125_265 / n, 214_338 / n), parts=128,
+                   gen_budget="4GB", part_budget="4GB", modes=("hybrid",), checkpoint_every=100)
 
 
 def _read_bytes(pid: int) -> int | None:
@@ -244,6 +261,8 @@ def _train_cmd(cfg: ScaleConfig, ds: Path, mode: str, run: Path) -> list[str]:
         cmd += ["--mode", mode, "--topology", cfg.topology]
         cmd += (["--memory-budget", cfg.budget] if cfg.budget else
                 ["--buffer-partitions", str(cfg.buffer_parts)])
+    if cfg.checkpoint_every and mode != "exact":
+        cmd += ["--checkpoint-every", str(cfg.checkpoint_every)]
     return cmd + ["--prefetch", str(cfg.prefetch), *cfg.extra_train_args]
 
 
@@ -285,6 +304,20 @@ def run_kill_resume(cfg: ScaleConfig, work: Path, mode: str, kill_step: int, eve
         m = _train_metrics(run)
         out["test_acc"], out["val_acc"] = m.get("test_acc"), m.get("val_acc")
     return out
+
+
+def _interrupted_segments(prev: dict, run: Path) -> list[dict]:
+    """The segments of an interrupted training stage, the last one closed from the run's files:
+    its useful time ends at the last checkpoint (steps after it are trained again), its last step
+    at ``steps.jsonl``'s modification time."""
+    segs = [dict(x) for x in prev.get("segments", [])]
+    t0 = float(prev["started_unix"])
+    ck = (run / "checkpoint.pt").stat().st_mtime
+    steps = run / "steps.jsonl"
+    last = steps.stat().st_mtime if steps.exists() else ck
+    segs.append({"date": prev.get("date"), "interrupted": True, "seconds": max(0.0, ck - t0),
+                 "seconds_to_last_step": max(0.0, last - t0), "steps_seen": _count_lines(steps)})
+    return segs
 
 
 def run_scale(cfg: ScaleConfig, workdir: str | Path, results: str | Path | None = None,
@@ -364,15 +397,35 @@ def run_scale(cfg: ScaleConfig, workdir: str | Path, results: str | Path | None 
                        "--memory-budget", cfg.part_budget, "--seed", str(cfg.seed))
             if not cfg.edge_buckets:
                 cmd.append("--no-edge-buckets")
-        else:
+        segments: list[dict] = []
+        log_name = st
+        if st.startswith("train-"):
             mode = st.split("-", 1)[1]
             run = work / "runs" / mode
-            shutil.rmtree(run, ignore_errors=True)
-            cmd = _train_cmd(cfg, ds, mode, run)
+            prev = rec["stages"].get(st, {})
+            if cfg.checkpoint_every and prev.get("started_unix") and (run / "checkpoint.pt").exists():
+                segments = _interrupted_segments(prev, run)
+                cmd = _ooc("train", "--resume", str(run), "--no-progress")
+                log_name = f"{st}-resume{len(segments)}"
+            else:
+                shutil.rmtree(run, ignore_errors=True)
+                cmd = _train_cmd(cfg, ds, mode, run)
+            # a marker, so that a run killed with this orchestrator is resumed next time
+            rec["stages"][st] = {"date": date, "started_unix": time.time(), "segments": segments,
+                                 "returncode": None}
+            save()
         dropped = drop_caches() if drop and st.startswith("train") else False
-        r = run_stage(cmd, work / "logs" / f"{st}.log")
+        r = run_stage(cmd, work / "logs" / f"{log_name}.log")
         r["command"] = r["command"].replace(f"{sys.executable} -m ooc.tools.cli", "ooc")
         r.update(date=date, dropped_caches=dropped)
+        if segments:  # the stage's figures cover every segment
+            seg = {k: r[k] for k in ("date", "seconds", "peak_rss_bytes", "read_bytes", "command",
+                                     "returncode")}
+            segments.append(seg)
+            r["segments"] = segments
+            r["seconds"] = sum(x.get("seconds", 0.0) for x in segments)
+            r["peak_rss_bytes"] = max(x.get("peak_rss_bytes", 0) for x in segments)
+            r["read_bytes"] = sum(x.get("read_bytes") or 0 for x in segments)
         if r["returncode"] == 0:
             if st in ("generate", "partition"):
                 r["dataset_bytes"] = _du(ds)
@@ -442,12 +495,17 @@ def format_table(rec: dict) -> str:
 
 def _cmd_bench_scale(args: argparse.Namespace) -> int:
     from ooc.tools.cli import _count  # type: ignore[attr-defined]
-    cfg = ScaleConfig.small() if args.small else ScaleConfig()
+    if args.small and args.papers100m:
+        print("ooc bench scale: --small and --papers100m are two sizes; give one", file=sys.stderr)
+        return 2
+    cfg = (ScaleConfig.small() if args.small else ScaleConfig.papers100m() if args.papers100m
+           else ScaleConfig())
     for k in ("nodes", "edges"):
         v = getattr(args, k)
         if v is not None:
             setattr(cfg, k, _count(v) if isinstance(v, str) else v)
-    for k in ("parts", "feat_dim", "classes", "hidden", "batch_size", "buffer_parts", "prefetch"):
+    for k in ("parts", "feat_dim", "classes", "hidden", "batch_size", "buffer_parts", "prefetch",
+              "checkpoint_every"):
         v = getattr(args, k)
         if v is not None:
             setattr(cfg, k, v)
@@ -460,8 +518,8 @@ def _cmd_bench_scale(args: argparse.Namespace) -> int:
         cfg.modes = tuple(args.modes.split(","))
     if args.splits:
         cfg.splits = tuple(float(x) for x in args.splits.split(","))  # type: ignore[assignment]
-    work = Path(args.workdir or ("/work/bench-data/scale/small" if args.small
-                                 else "/work/bench-data/scale/full"))
+    work = Path(args.workdir or "/work/bench-data/scale/" + (
+        "small" if args.small else "papers100m" if args.papers100m else "full"))
     stages = tuple(args.stages.split(",")) if args.stages else None
     kr = None
     if args.kill_resume:
@@ -493,7 +551,10 @@ def add_bench_scale(bsub: argparse._SubParsersAction) -> None:
                         description=doc_help(__doc__))
     p.add_argument("--small", action="store_true",
                    help="the ~10 M-edge variant (500 K nodes, budget 100MB, + in-memory reference)")
-    p.add_argument("--workdir", help="default /work/bench-data/issue8/{full,small}")
+    p.add_argument("--papers100m", action="store_true",
+                   help="ogbn-papers100M's shape: 111 M nodes, 1.6 B edges, 172 classes, its split "
+                        "sizes, 128 partitions, hybrid under 8GB, a checkpoint every 100 steps")
+    p.add_argument("--workdir", help="default /work/bench-data/scale/{full,small,papers100m}")
     p.add_argument("--results", help="JSON record (default WORKDIR/scale.json)")
     p.add_argument("--nodes")
     p.add_argument("--edges")
@@ -508,6 +569,9 @@ def add_bench_scale(bsub: argparse._SubParsersAction) -> None:
                         "resident partitions)")
     p.add_argument("--buffer-parts", type=int, help="resident partitions without a byte budget")
     p.add_argument("--prefetch", type=int, help="batches built ahead (default 1)")
+    p.add_argument("--checkpoint-every", type=int,
+                   help="checkpoint the training stages every N steps; an interrupted stage "
+                        "continues with --resume when the benchmark is run again")
     p.add_argument("--gen-budget", action=SizeAction)
     p.add_argument("--part-budget", action=SizeAction)
     p.add_argument("--fanouts")

@@ -429,6 +429,9 @@ def build_csc_streaming(source: EdgeSource, num_nodes: int, out_indices: object,
     idx_dtype = kg.index_dtype_for(n if index_nodes is None else int(index_nodes))
     isz = idx_dtype.itemsize
     has_w = source.has_weight
+    if memory_budget < 20 * n:  # refused before the counting pass, not after it
+        raise ValueError(f"--memory-budget {memory_budget:,} bytes is too small for {n:,} nodes: "
+                         f"the degree arrays alone need {20 * n:,} bytes")
     # ---- pass A: in-degrees
     deg = np.zeros(n, dtype=np.int64)
     total = 0
