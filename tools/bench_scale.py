@@ -307,6 +307,30 @@ def run_kill_resume(cfg: ScaleConfig, work: Path, mode: str, kill_step: int, eve
     return out
 
 
+#: The configuration fields each stage's result depends on; a stage recorded under another
+#: configuration is kept when these are equal (another training budget does not regenerate the
+#: dataset).  Training stages depend on every field.
+_GENERATE_FIELDS = ("nodes", "edges", "feat_dim", "classes", "feat_dtype", "splits", "gen_budget",
+                    "seed")
+_PARTITION_FIELDS = _GENERATE_FIELDS + ("parts", "part_budget", "edge_buckets")
+
+
+def _stages_still_valid(old: dict, conf: dict) -> dict:
+    """The stages of the record ``old`` that hold for the configuration ``conf`` (see
+    ``_GENERATE_FIELDS``): all of them when the configurations are equal, else generate and
+    partition while their fields agree (partition only after a valid generate)."""
+    conf = json.loads(json.dumps(conf))
+    prev, stages = json.loads(json.dumps(old.get("config") or {})), old.get("stages") or {}
+    if prev == conf:
+        return stages
+    keep: dict = {}
+    for st, fields in (("generate", _GENERATE_FIELDS), ("partition", _PARTITION_FIELDS)):
+        if st not in stages or any(prev.get(f) != conf.get(f) for f in fields):
+            break
+        keep[st] = stages[st]
+    return keep
+
+
 def _interrupted_segments(prev: dict, run: Path) -> list[dict]:
     """The segments of an interrupted training stage, the last one closed from the run's files:
     its useful time ends at the last checkpoint (steps after it are trained again), its last step
@@ -351,13 +375,9 @@ def run_scale(cfg: ScaleConfig, workdir: str | Path, results: str | Path | None 
     (work / "logs").mkdir(parents=True, exist_ok=True)
     res_path = Path(results) if results else work / "scale.json"
     conf = asdict(cfg)
-    rec: dict = {}
+    rec: dict = {"config": conf, "stages": {}}
     if res_path.exists():
-        old = json.loads(res_path.read_text())
-        if old.get("config") == json.loads(json.dumps(conf)):
-            rec = old
-    if not rec:
-        rec = {"config": conf, "stages": {}}
+        rec["stages"] = _stages_still_valid(json.loads(res_path.read_text()), conf)
     rec["machine"] = (f"{platform.node()} {os.cpu_count()} cores "
                       f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB "
                       f"{platform.machine()}")

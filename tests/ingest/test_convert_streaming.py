@@ -157,6 +157,16 @@ def test_int64_offsets_with_lowered_int32_limit(tmp_path: Path, monkeypatch: pyt
     assert kg.index_dtype_for(10) == np.int32
 
 
+def test_budget_below_the_degree_arrays_refused_before_reading_an_edge(tmp_path: Path) -> None:
+    class Unread(ArrayEdgeSource):
+        def chunks(self):  # type: ignore[override]
+            raise AssertionError("the edges were read before the budget was checked")
+
+    src = Unread(np.arange(10), np.arange(10)[::-1].copy())
+    with pytest.raises(ValueError, match=r"too small for 10 nodes: the degree arrays alone need 200"):
+        build_csc_streaming(src, 10, ArraySink(), None, tmp_path, memory_budget=199)
+
+
 def test_sort_edges_without_linear_keys() -> None:
     s, d = kg.sort_edges(np.array([3_500_000_000, 1, 0], dtype=np.int64),
                          np.array([1, 3_500_000_000, 2], dtype=np.int64))

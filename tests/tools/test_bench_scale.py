@@ -97,3 +97,73 @@ def test_auto_stage_trains_hybrid_with_the_automatic_split(tmp_path: Path) -> No
     assert cmd[cmd.index("--topology") + 1] == "auto"
     assert cmd[cmd.index("--memory-budget") + 1] == "600MB"
     assert "auto" in cfg.modes
+
+
+def test_papers100m_config_has_the_datasets_shape() -> None:
+    p = ScaleConfig.papers100m()
+    assert (p.nodes, p.edges, p.feat_dim, p.classes) == (111_059_956, 1_615_685_872, 128, 172)
+    assert [round(f * p.nodes) for f in p.splits] == [1_207_179, 125_265, 214_338]
+    # the CSC build's degree arrays (20 B/node) must fit the generation budget
+    from ooc.util.sizes import parse_bytes
+    assert parse_bytes(p.gen_budget) > 20 * p.nodes and p.checkpoint_every > 0
+
+
+def test_stages_of_another_configuration_kept_only_where_their_fields_agree() -> None:
+    from dataclasses import asdict, replace
+
+    from ooc.tools.bench_scale import _stages_still_valid
+    cfg = ScaleConfig.small()
+    done = {"returncode": 0}
+    old = {"config": asdict(cfg), "stages": {"generate": done, "partition": done,
+                                             "train-hybrid": done}}
+    assert _stages_still_valid(old, asdict(cfg)).keys() == {"generate", "partition", "train-hybrid"}
+    assert _stages_still_valid(old, asdict(replace(cfg, budget="1GB"))).keys() == {
+        "generate", "partition"}
+    assert _stages_still_valid(old, asdict(replace(cfg, parts=8))).keys() == {"generate"}
+    assert _stages_still_valid(old, asdict(replace(cfg, edges=10))) == {}
+
+
+def test_interrupted_training_stage_resumes_from_its_checkpoint(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The orchestrator dies while a training stage runs (here: its child is SIGKILLed after 3
+    steps and the orchestrator stops); run again, the stage continues with ``--resume`` and
+    records both segments, and the run ends with every step's loss."""
+    from dataclasses import asdict
+
+    import ooc.tools.bench_scale as bs
+    from ooc.ingest.generate import generate_rmat
+    from ooc.partition import partition_dataset
+    cfg = ScaleConfig(nodes=3000, edges=30_000, feat_dim=8, classes=4, splits=(0.5, 0.1, 0.1),
+                      parts=4, budget="", buffer_parts=2, fanouts="4,4", eval_fanouts="4,4",
+                      batch_size=100, hidden=8, modes=("hybrid",), topology="memory",
+                      checkpoint_every=2)
+    generate_rmat(tmp_path / "DS", cfg.nodes, cfg.edges, feat_dim=cfg.feat_dim,
+                  num_classes=cfg.classes, splits=cfg.splits, feat_dtype=cfg.feat_dtype)
+    partition_dataset(tmp_path / "DS", cfg.parts, "stream")
+    done = {"returncode": 0, "seconds": 1.0}
+    (tmp_path / "scale.json").write_text(json.dumps(
+        {"config": asdict(cfg), "stages": {"generate": done, "partition": done}}))
+    real = bs.run_stage
+
+    def dies_mid_stage(cmd: list[str], log_path: Path, poll_s: float = 1.0) -> dict:
+        kill_at_step(cmd, tmp_path / "runs" / "hybrid" / "steps.jsonl", 3, log_path, poll_s=0.05)
+        raise KeyboardInterrupt  # the orchestrator is gone too
+
+    monkeypatch.setattr(bs, "run_stage", dies_mid_stage)
+    with pytest.raises(KeyboardInterrupt):
+        run_scale(cfg, tmp_path, drop=False)
+    marker = json.loads((tmp_path / "scale.json").read_text())["stages"]["train-hybrid"]
+    assert marker["returncode"] is None and marker["started_unix"] > 0
+    assert (tmp_path / "runs" / "hybrid" / "checkpoint.pt").exists()
+    monkeypatch.setattr(bs, "run_stage", real)
+    rec = run_scale(cfg, tmp_path, drop=False)
+    st = rec["stages"]["train-hybrid"]
+    assert st["returncode"] == 0, (tmp_path / "logs" / "train-hybrid-resume1.log").read_text()
+    segs = st["segments"]
+    assert [s.get("interrupted", False) for s in segs] == [True, False]
+    assert segs[0]["steps_seen"] >= 3 and "--resume" in segs[1]["command"]
+    assert st["seconds"] == pytest.approx(segs[0]["seconds"] + segs[1]["seconds"])
+    steps = [json.loads(x) for x in
+             (tmp_path / "runs" / "hybrid" / "steps.jsonl").read_text().splitlines() if x.strip()]
+    assert [s["step"] for s in steps] == list(range(st["steps"])), steps  # each step once
+    assert st["test_acc"] > 0.25  # 4 planted classes: chance 0.25
