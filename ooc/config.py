@@ -83,10 +83,13 @@ def read_ahead_batches(value: "str | int") -> int | None:
 
 
 def _opt(default: Any, section: str, help: str, key: str | None = None,
-         choices: tuple[str, ...] | None = None, size: bool = False) -> Any:
+         choices: tuple[str, ...] | None = None, size: bool = False, auto: bool = False) -> Any:
     """A field with its section, help and, optionally, its choices or ``size`` (a byte size such as
-    ``4GB``, read with :func:`ooc.util.sizes.parse_bytes`; empty: none)."""
-    meta = {"section": section, "help": help}
+    ``4GB``, read with :func:`ooc.util.sizes.parse_bytes`; empty: none; ``auto``: the word
+    ``auto`` is accepted too)."""
+    meta: dict[str, Any] = {"section": section, "help": help}
+    if auto:
+        meta["auto"] = True
     if key:
         meta["key"] = key
     if choices:
@@ -123,10 +126,13 @@ class TrainConfig:
                          "memory without --memory-budget, else memory or disk, whichever the "
                          "automatic budget split predicts reads less (printed with the plan)",
                          choices=("auto", "memory", "mmap", "disk"))
-    hot_topology: str = _opt("", "data", "--topology disk: bytes of the topology kept in memory for "
-                             "the hottest nodes (most often drawn, per byte), e.g. 256MB; their "
+    hot_topology: str = _opt("auto", "data", "--topology disk: bytes of the topology kept in memory "
+                             "for the hottest nodes (most often drawn, per byte), e.g. 256MB; their "
                              "lists are served from memory, the rest read from disk; counted in "
-                             "--memory-budget (empty or 0: none)", size=True)
+                             "--memory-budget. auto: under a budget the automatic split tries a few "
+                             "sizes (none, 1/8, 1/4, 1/2 of the topology) and keeps the one it "
+                             "predicts reads least, else none; empty or 0: none",
+                             size=True, auto=True)
     # out-of-core data path (see ooc.data.path)
     mode: str = _opt("exact", "data", "exact: full-graph sampling, misses via cache + batched reads; "
                      "buffer: sample inside resident partitions (MariusGNN); hybrid: seeds from resident "
@@ -477,14 +483,16 @@ def validate_data_options(cfg: "TrainConfig") -> None:
                              "reads of batches sampled ahead (a window read bypasses the cache, so "
                              "Belady's next uses would never be seen); use one")
     for f in fields(cfg):
-        if f.metadata.get("size") and getattr(cfg, f.name):
+        if f.metadata.get("size") and getattr(cfg, f.name) and \
+                not (f.metadata.get("auto") and getattr(cfg, f.name) == "auto"):
             try:
                 parse_bytes(getattr(cfg, f.name))
             except ValueError as e:
                 raise ValueError(f"--{f.name.replace('_', '-')}: {e}") from None
     if cfg.topology not in ("auto", "memory", "mmap", "disk"):
         raise ValueError(f"topology must be auto, memory, mmap or disk, got {cfg.topology!r}")
-    if cfg.hot_topology and parse_bytes(cfg.hot_topology) and cfg.topology not in ("disk", "auto"):
+    if cfg.hot_topology not in ("", "auto") and parse_bytes(cfg.hot_topology) \
+            and cfg.topology not in ("disk", "auto"):
         raise ValueError(f"--hot-topology {cfg.hot_topology} keeps the hottest lists of an on-disk "
                          f"topology in memory: it needs --topology disk or auto (with --topology "
                          f"{cfg.topology} the whole topology is already {'in memory' if cfg.topology == 'memory' else 'mapped'})")

@@ -611,7 +611,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
             if f.metadata.get("choices"):
                 kw["choices"] = list(f.metadata["choices"])
             if f.metadata.get("size"):
-                kw.update(action=SizeAction, empty=True)
+                kw.update(action=SizeAction, empty=True, auto=bool(f.metadata.get("auto")))
         p.add_argument(*names, **kw)
 
 

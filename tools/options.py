@@ -27,18 +27,20 @@ class SizeAction(argparse.Action):
     Args:
         empty: the empty string is accepted too (options where ``""`` means none, as
             ``--cache-size`` of ``ooc train``).
+        auto: the word ``auto`` is accepted too (``--hot-topology auto``: chosen by the split).
 
     A value that is not a size exits with status 2 and one line, ``PROG: error: OPTION: why``.
     """
 
     def __init__(self, option_strings: Sequence[str], dest: str, empty: bool = False,
-                 **kwargs: Any) -> None:
+                 auto: bool = False, **kwargs: Any) -> None:
         self.empty = empty
+        self.auto = auto
         super().__init__(option_strings, dest, **kwargs)
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:
-        if not (self.empty and values == ""):
+        if not (self.empty and values == "") and not (self.auto and values == "auto"):
             try:
                 parse_bytes(values)
             except ValueError as e:

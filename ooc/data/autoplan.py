@@ -26,7 +26,8 @@ the inner hops' misses are read; the row cache's hit ratio follows Che's approxi
 cache with each node asked for in proportion to its degree (a node is drawn as an in-neighbour about
 in proportion to its out-degree, equal to its in-degree in graphs stored in both directions); partition
 loads read each loaded partition once; with the topology on disk every list of every hop but the
-last is one request of at least one page.  With a read-ahead window of W batches
+last is one request of at least one page, except the lists of the hot set (``--hot-topology``;
+``auto`` tries a few sizes, each the set :class:`~ooc.storage.io.HotLists` would build).  With a read-ahead window of W batches
 (:class:`ooc.data.lookahead.ReadAhead`) the misses are read once per window instead: W batches'
 misses (at most every node), a page each with O_DIRECT, at most the whole feature file, in requests of
 ``MISS_RUN_BYTES``.  Seconds = bytes / :data:`DISK_BYTES_PER_S` + requests x
@@ -53,7 +54,7 @@ from ooc.kernels.disk_sampling import sample_blocks_lists
 from ooc.kernels.rng import batch_key
 from ooc.kernels.sampling import SampledSubgraph
 from ooc.storage.dataset import Dataset
-from ooc.storage.io import MISS_RUN_BYTES, NeighborReader
+from ooc.storage.io import MISS_RUN_BYTES, HotLists, NeighborReader
 from ooc.util.sizes import format_bytes
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["ReadCost", "Extents", "SplitChoice", "ListProbe", "probe_extents", "choose_split",
-           "EXTENT_MARGIN",
+           "EXTENT_MARGIN", "AUTO_HOT_SHARES",
            "DISK_BYTES_PER_S", "REQUEST_S"]
 
 #: Sustained read bandwidth the cost model assumes (bytes/s).
@@ -76,6 +77,10 @@ PROBE_BATCHES = 4
 #: Batches probed per candidate state size for the reads (with 4, 8, 16 and 32 the predictions of
 #: two splits whose measured reads were equal on the 2 M-node bench differed by 22, 14, 7 and 3%).
 PROBE_STATE_BATCHES = 16
+#: ``--hot-topology auto``: shares of the whole on-disk topology (lists, offsets, bitmap) tried as
+#: hot sets beside none.  A power-law graph's hottest eighth holds most draws; a regular one needs
+#: about the share of draws it should serve.
+AUTO_HOT_SHARES = (0.125, 0.25, 0.5)
 #: Predicted seconds within this fraction of each other count as equal: the split with more
 #: partition slots (and then the one found first: memory, no PQ, no cache) is kept.
 TIE = 0.10
@@ -133,6 +138,7 @@ class SplitChoice:
     Attributes:
         topology: ``memory`` or ``disk`` (or the configured one); pq: PQ-decoded misses.
         cache_size: bytes of the hybrid row cache asked of :func:`plan_budget` (None: the default).
+        hot_topology: bytes of hottest lists kept in memory with the topology on disk (0: none).
         plan: its :class:`BudgetPlan`.
         predicted: its predicted reads per epoch.
         candidates: every combination tried: ``(label, ReadCost or None, reason it was refused)``.
@@ -146,11 +152,14 @@ class SplitChoice:
     predicted: ReadCost
     candidates: list[tuple[str, ReadCost | None, str]] = field(default_factory=list)
     probe_s: float = 0.0
+    hot_topology: int = 0
 
     def describe(self) -> str:
         """One line: what stays in memory and the predicted reads."""
         p = self.plan
         parts = [f"topology {self.topology}"]
+        if self.hot_topology:
+            parts[0] += f" (hot lists {format_bytes(self.hot_topology)})"
         if p.num_parts:
             parts.append(f"{p.slots} of {p.num_parts} partition slots")
         if p.cache:
@@ -164,7 +173,8 @@ class SplitChoice:
                 f"compared, probe {self.probe_s:.1f} s)")
 
     def as_dict(self) -> dict:
-        return {"topology": self.topology, "pq": self.pq, "cache_bytes": self.plan.cache,
+        return {"topology": self.topology, "hot_topology_bytes": self.hot_topology,
+                "pq": self.pq, "cache_bytes": self.plan.cache,
                 "slots": self.plan.slots, "read_ahead": self.plan.read_ahead,
                 "predicted_bytes": int(self.predicted.bytes),
                 "predicted_requests": int(self.predicted.requests),
@@ -260,6 +270,9 @@ class _StateStats:
     lists: np.ndarray
     list_pages: np.ndarray
     loads_per_epoch: int
+    #: every probed batch's list reads: the nodes (int64, concatenated) and each list's pages
+    list_nodes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    list_node_pages: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 def _probe_states(cfg: "TrainConfig", ds: Dataset, probe: ListProbe, offsets: np.ndarray,
@@ -283,6 +296,8 @@ def _probe_states(cfg: "TrainConfig", ds: Dataset, probe: ListProbe, offsets: np
     itemsize = ds.raw("indices").dtype.itemsize
     ip = probe.indptr
     out: dict[str, list] = {k: [] for k in ("rows", "resident", "outer", "lists", "pages")}
+    list_nodes: list[np.ndarray] = []
+    list_pages: list[np.ndarray] = []
     for i in _evenly(PROBE_STATE_BATCHES, len(plan.batches)):
         sg = probe.sample(plan.batches[i], list(cfg.fanouts), batch_key(cfg.seed, 0, i), cfg.replace)
         nodes = sg.nodes
@@ -296,11 +311,15 @@ def _probe_states(cfg: "TrainConfig", ds: Dataset, probe: ListProbe, offsets: np
         out["outer"].append(int((~res[inner:]).sum()))
         lists = nodes[:inner]
         nbytes = (ip[lists + 1] - ip[lists]) * itemsize
+        pages = np.maximum(1, -(-nbytes // _PAGE))
         out["lists"].append(inner)
-        out["pages"].append(int(np.maximum(1, -(-nbytes // _PAGE)).sum()))
+        out["pages"].append(int(pages.sum()))
+        list_nodes.append(np.asarray(lists, dtype=np.int64))
+        list_pages.append(pages.astype(np.int64, copy=False))
     arr = {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
+    cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, dtype=np.int64))
     return _StateStats(arr["rows"], arr["resident"], arr["outer"], arr["lists"], arr["pages"],
-                       int(loads))
+                       int(loads), cat(list_nodes), cat(list_pages))
 
 
 def _cache_hit(degrees: np.ndarray, misses_per_batch: float, cache_rows: int) -> float:
@@ -340,8 +359,20 @@ def _cache_hit(degrees: np.ndarray, misses_per_batch: float, cache_rows: int) ->
     return float((cnt * lam * -np.expm1(-lam * t)).sum() / (cnt * lam).sum())
 
 
-def _epoch_cost(cfg: "TrainConfig", ds: Dataset, st: _StateStats, plan: BudgetPlan, topology: str, pq: bool, degrees: np.ndarray) -> ReadCost:
-    """Predicted reads of one training epoch (see the module docstring)."""
+def _hot_share(st: _StateStats, hot_bits: np.ndarray | None) -> tuple[float, float]:
+    """Fractions ``(lists, pages)`` of the probed list reads that a hot set (bitmap of
+    :class:`~ooc.storage.io.HotLists`) serves from memory."""
+    if hot_bits is None or st.list_nodes.shape[0] == 0:
+        return 0.0, 0.0
+    v = st.list_nodes
+    hot = ((hot_bits[v >> 6] >> (v & 63).astype(np.uint64)) & np.uint64(1)).astype(bool)
+    return float(hot.mean()), float(st.list_node_pages[hot].sum() / max(st.list_node_pages.sum(), 1))
+
+
+def _epoch_cost(cfg: "TrainConfig", ds: Dataset, st: _StateStats, plan: BudgetPlan, topology: str,
+                pq: bool, degrees: np.ndarray, hot_bits: np.ndarray | None = None) -> ReadCost:
+    """Predicted reads of one training epoch (see the module docstring); ``hot_bits``: the hot
+    lists' bitmap with the topology on disk (their reads are not charged)."""
     num_batches = -(-ds.split("train").shape[0] // max(cfg.batch_size, 1))
     probed = max(st.rows.shape[0], 1)
     row_bytes = ds.features.row_bytes if ds.has("features") else 0
@@ -374,8 +405,9 @@ def _epoch_cost(cfg: "TrainConfig", ds: Dataset, st: _StateStats, plan: BudgetPl
                 plan.num_parts / max(cfg.epochs, 1)
             cost += ReadCost(loads * part_bytes, loads * max(1.0, part_bytes / (1 << 20)))
     if topology == "disk":
-        cost += ReadCost(st.list_pages.sum() / probed * num_batches * _PAGE,
-                         st.lists.sum() / probed * num_batches)
+        hot_lists, hot_pages = _hot_share(st, hot_bits)
+        cost += ReadCost(st.list_pages.sum() / probed * num_batches * _PAGE * (1.0 - hot_pages),
+                         st.lists.sum() / probed * num_batches * (1.0 - hot_lists))
     return cost
 
 
@@ -389,17 +421,23 @@ def _better(cost: ReadCost, plan: BudgetPlan, best: SplitChoice) -> bool:
 
 
 def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
-                 plan_with: Callable[[str, bool, int | None], BudgetPlan],
+                 plan_with: Callable[[str, bool, int | None, int], BudgetPlan],
                  topologies: list[str], pqs: list[bool], cache_fractions: list[float | None],
-                 probe: "ListProbe | None" = None) -> SplitChoice:
-    """Plan every ``topology x pq x cache fraction`` with ``plan_with(topology, pq, cache_size)``
-    and keep the one with the fewest predicted I/O seconds per epoch.
+                 probe: "ListProbe | None" = None, hot_sizes: list[int] | None = None
+                 ) -> SplitChoice:
+    """Plan every ``topology x hot size x pq x cache fraction`` with ``plan_with(topology, pq,
+    cache_size, hot_bytes)`` and keep the one with the fewest predicted I/O seconds per epoch.
+
+    Hot sizes apply to ``disk`` only: the hot set of each size is the one
+    :class:`~ooc.storage.io.HotLists` would build (its draw scores, one sequential pass over the
+    lists, computed once here), and the probed list reads of its nodes are not charged.
 
     Args:
         cfg: the run's configuration (mode, batch size, fanouts, seed, sampler keys).
         offsets: int64 [P+1] the run's partitions.
         plan_with: builds the :class:`BudgetPlan` of one combination (raises ValueError when the
             budget cannot hold it).
+        hot_sizes: bytes of hot lists tried with the topology on disk (default ``[0]``).
         topologies: ``memory`` / ``disk`` / ``mmap`` candidates, in order of preference on ties.
         pqs: PQ candidates; cache_fractions: hybrid row-cache shares of what the slots would take
             (``None``: plan_budget's default).
@@ -421,22 +459,30 @@ def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
     best: SplitChoice | None = None
     tried: list[tuple[str, ReadCost | None, str]] = []
     last_err: ValueError | None = None
+    scores: np.ndarray | None = None
     try:
-        for topo in topologies:
+        disk_hots = hot_sizes or [0]
+        for topo, hot in [(t, h) for t in topologies for h in (disk_hots if t == "disk" else [0])]:
+            bits = None
+            if hot:
+                if scores is None:
+                    fo = -1 if min(cfg.fanouts) < 0 else max(cfg.fanouts)
+                    scores = HotLists.scores(ds.raw("indices"), indptr, fo)
+                bits = HotLists.select(indptr, scores, hot, ds.raw("indices").dtype.itemsize)
             for pq in pqs:
                 base: BudgetPlan | None = None
                 for frac in cache_fractions:
-                    label = f"topology {topo}" + (", pq" if pq else "") + \
-                        (f", cache {frac:.0%}" if frac is not None else "")
+                    label = f"topology {topo}" + (f", hot {format_bytes(hot)}" if hot else "") + \
+                        (", pq" if pq else "") + (f", cache {frac:.0%}" if frac is not None else "")
                     try:
                         size = None
                         if frac is not None and frac > 0:
                             if base is None:
-                                base = plan_with(topo, pq, None)
+                                base = plan_with(topo, pq, None, hot)
                             size = int(frac * base.slots * base.slot)
                             if size <= 0:
                                 continue
-                        plan = plan_with(topo, pq, size)
+                        plan = plan_with(topo, pq, size, hot)
                         if frac is not None and frac == 0:
                             base = plan
                     except ValueError as err:
@@ -449,10 +495,10 @@ def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
                         key = (plan.num_parts if plan.slots >= plan.num_parts else 0, 1)
                     if key not in stats:
                         stats[key] = _probe_states(cfg, ds, probe, offsets, key[0], key[1])
-                    cost = _epoch_cost(cfg, ds, stats[key], plan, topo, pq, degrees)
+                    cost = _epoch_cost(cfg, ds, stats[key], plan, topo, pq, degrees, bits)
                     tried.append((label, cost, ""))
                     if best is None or _better(cost, plan, best):
-                        best = SplitChoice(topo, pq, size, plan, cost)
+                        best = SplitChoice(topo, pq, size, plan, cost, hot_topology=hot)
     finally:
         if own:
             probe.close()

@@ -40,7 +40,8 @@ import torch
 
 from ooc.config import read_ahead_batches
 from ooc.contracts import Batch, EdgePairs, Graph, Job, Plan, SingleProcess
-from ooc.data.autoplan import Extents, ListProbe, SplitChoice, choose_split, probe_extents
+from ooc.data.autoplan import (AUTO_HOT_SHARES, Extents, ListProbe, SplitChoice, choose_split,
+                               probe_extents)
 from ooc.data.budget import (BudgetPlan, RssMonitor, mmap_threshold_for, plan_budget,
                              release_free_memory, tune_allocator)
 from ooc.data.buffer import BufferManager, make_buffer
@@ -571,10 +572,11 @@ class DataPath:
 
 
 def _topology(cfg: "TrainConfig", where: str, ds: Dataset, job: Job,
-              override: tuple[np.ndarray, np.ndarray] | None) -> tuple[Graph, list]:
+              override: tuple[np.ndarray, np.ndarray] | None, hot: int = 0) -> tuple[Graph, list]:
     """The message-passing graph: ``override`` (link prediction's training graph) or the
     dataset's topology in memory (``where`` = ``memory``: one copy per machine), mapped
-    (``mmap``), or on disk (``disk``: indptr in memory, lists read page-aligned)."""
+    (``mmap``), or on disk (``disk``: indptr in memory, lists read page-aligned; ``hot`` bytes of
+    the hottest lists held in memory, one copy per machine)."""
     readers: list = []
     if override is not None:
         ip, ix = override
@@ -598,7 +600,6 @@ def _topology(cfg: "TrainConfig", where: str, ds: Dataset, job: Job,
                                 threads=max(1, min(8, cfg.io_depth, os.cpu_count() or 1)),
                                 aio_depth=max(1, cfg.io_depth),
                                 gap=cfg.io_gap if cfg.direct_io else None)
-        hot = parse_bytes(cfg.hot_topology) if cfg.hot_topology and override is None else 0
         if hot:  # the hottest lists in memory, one copy per machine
             fo = -1 if min(cfg.fanouts) < 0 else max(cfg.fanouts)
             reader.hot = HotLists.build(reader, hot, fo, lambda tag, shape, dtype, fill:
@@ -667,6 +668,8 @@ class MachinePlan:
         split: the automatic split's choice and its predicted reads, or None when the
             configuration left nothing to choose.
         extents: the batch extents the batches in flight were sized with (None: no budget).
+        hot_topology: bytes of hot lists to hold with the topology on disk (given, or chosen by
+            the split for ``--hot-topology auto``; 0: none).
     """
 
     plan: BudgetPlan
@@ -675,6 +678,7 @@ class MachinePlan:
     topology: str
     split: SplitChoice | None = None
     extents: Extents | None = None
+    hot_topology: int = 0
 
 
 def _read_ahead(cfg: "TrainConfig", task: str, ds: Dataset) -> int | None:
@@ -754,18 +758,19 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
                                   read_ahead=_read_ahead(cfg, task, ds),
                                   train_batches=-(-ds.split("train").shape[0] // cfg.batch_size),
                                   loop_counts=needs_loop_counts(cfg.model), extents=extents)
-        hot = parse_bytes(cfg.hot_topology) if cfg.hot_topology else 0
         # at most every list: bitmap and ranks (16 B per 64 nodes), offsets, the lists themselves
         n, item = ds.num_nodes, ds.raw("indices").dtype.itemsize
-        hot = min(hot, 16 * -(-n // 64) + 8 * (n + 1) + ds.num_edges * item)
+        whole = 16 * -(-n // 64) + 8 * (n + 1) + ds.num_edges * item
+        auto_hot = cfg.hot_topology == "auto"
+        hot = 0 if auto_hot or not cfg.hot_topology else min(parse_bytes(cfg.hot_topology), whole)
 
-        def plan_with(topology: str, pq: bool, cache: int | None) -> BudgetPlan:
+        def plan_with(topology: str, pq: bool, cache: int | None, hot_bytes: int = hot) -> BudgetPlan:
             return plan_budget(cfg.mode, budget_bytes, ds, offsets, topology, cfg.batch_size,
                                cfg.fanouts, cfg.prefetch, cfg.hidden, cfg.buffer_partitions,
                                cache if cache is not None else cache_size, cfg.cache_policy,
                                cfg.ordering, cfg.eval_batch_size, cfg.eval_fanouts,
                                compressed=pq_need if pq else 0,
-                               hot_topology=hot if topology == "disk" else 0, **kw)
+                               hot_topology=hot_bytes if topology == "disk" else 0, **kw)
 
         if cfg.topology != "auto":
             topologies = [cfg.topology]
@@ -780,21 +785,29 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
                 and cache_size is None and (cfg.topology == "auto" or cfg.miss_features == "auto")
                 and ds.has("features")):
             fractions = [0.0, 0.25, 0.5]
+        # --hot-topology auto: the split tries hot sets of these shares of the whole topology
+        hots = [hot]
+        if auto_hot and budget_bytes is not None and "disk" in topologies and ds.num_edges:
+            hots = [0] + [int(whole * f) for f in AUTO_HOT_SHARES]
         split = None
-        if len(topologies) * len(pqs) * len(fractions) == 1:
+        if len(topologies) * len(pqs) * len(fractions) * len(hots) == 1:
             topology, pq, size = topologies[0], pqs[0], None
             plan = plan_with(topology, pq, None)
         else:
-            split = choose_split(cfg, ds, offsets, plan_with, topologies, pqs, fractions, probe)
+            split = choose_split(cfg, ds, offsets, plan_with, topologies, pqs, fractions, probe,
+                                 hot_sizes=hots)
             topology, pq, size, plan = split.topology, split.pq, split.cache_size, split.plan
+            hot = split.hot_topology
         if hot and topology != "disk":
             log.warning("--hot-topology %s not used: the budget split keeps the whole topology "
                         "in memory", cfg.hot_topology)
+            hot = 0
         if cfg.miss_features == "auto" and not pq_need:
             log.warning("--miss-features auto: %s has no PQ codes (`ooc compress` writes them); "
                         "the rows a batch misses are read from disk", ds.path)
-        return MachinePlan(plan, pq_need if pq else 0, lambda: plan_with(topology, False, size),
-                           topology, split, extents)
+        return MachinePlan(plan, pq_need if pq else 0,
+                           lambda: plan_with(topology, False, size, hot if topology == "disk" else 0),
+                           topology, split, extents, hot if topology == "disk" else 0)
     finally:
         if probe is not None:
             probe.close()
@@ -847,7 +860,7 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
     if plan.prefetch < cfg.prefetch:
         log.info("prefetch depth %d -> %d to fit the batches in flight into the budget",
                  cfg.prefetch, plan.prefetch)
-    graph, readers = _topology(cfg, mp.topology, ds, job, topology)
+    graph, readers = _topology(cfg, mp.topology, ds, job, topology, mp.hot_topology)
     labels = ds.labels if ds.has("labels") else np.zeros(ds.num_nodes, dtype=np.int32)
     feats: "DiskRows | NoFeatures" = NoFeatures(ds.num_nodes)
     if has_feats:

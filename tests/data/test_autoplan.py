@@ -104,8 +104,12 @@ def test_everything_resident_when_it_fits(planted_dataset: Path) -> None:
     feat_bytes = ds.num_nodes * ds.features.row_bytes
     ds.close()
     assert mp.split.predicted.bytes == pytest.approx(feat_bytes)
-    assert {lab for lab, _, _ in mp.split.candidates} == {
-        f"topology {t}, cache {f}" for t in ("memory", "disk") for f in ("0%", "25%", "50%")}
+    labels = [lab for lab, _, _ in mp.split.candidates]
+    fracs = ("0%", "25%", "50%")
+    assert labels[:3] == [f"topology memory, cache {f}" for f in fracs]
+    # --hot-topology auto (the default): the disk candidates without and with 3 hot sizes
+    assert labels[3:6] == [f"topology disk, cache {f}" for f in fracs]
+    assert len(labels) == 15 and all(lab.startswith("topology disk, hot ") for lab in labels[6:])
 
 
 def test_no_budget_keeps_the_topology_in_memory(planted_dataset: Path) -> None:
@@ -132,7 +136,8 @@ def test_disk_topology_when_memory_cannot_hold_it(tmp_path: Path) -> None:
     mp = _plan(path, memory_budget=str(budget), **kw)
     assert mp.topology == "disk"
     refused = [lab for lab, c, why in mp.split.candidates if c is None]
-    assert refused == ["topology memory"]
+    assert refused[0] == "topology memory"  # and hot sets too large for what is left
+    assert all(lab.startswith("topology disk, hot ") for lab in refused[1:])
 
 
 def test_pq_codes_when_the_budget_is_below_the_features(planted_dataset: Path, tmp_path: Path) -> None:
@@ -198,7 +203,8 @@ def test_buffer_mode_predicts_partition_loads_only(planted_dataset: Path) -> Non
 def test_hot_topology_counts_only_where_the_lists_are_on_disk(planted_dataset: Path) -> None:
     """``--hot-topology`` with ``--topology auto``: its bytes are part of the disk candidates' plans
     (and the split may still keep everything in memory, where it does not apply)."""
-    base = _plan(planted_dataset, mode="hybrid", memory_budget="50MB", topology="disk")
+    base = _plan(planted_dataset, mode="hybrid", memory_budget="50MB", topology="disk",
+                 hot_topology="0")
     hot = _plan(planted_dataset, mode="hybrid", memory_budget="50MB", topology="disk",
                 hot_topology="64KB")
     assert hot.plan.topology == base.plan.topology + 64_000
@@ -235,3 +241,46 @@ def test_exact_read_ahead_predicts_one_read_per_window(tmp_path: Path) -> None:
     # per-row reads: one request per missed row, bytes = requests x row
     assert per_row.split.predicted.bytes == pytest.approx(per_row.split.predicted.requests * 1024)
     assert per_row.split.predicted.requests > 10 * win.split.predicted.requests
+
+
+def test_hot_share_of_the_probed_list_reads() -> None:
+    """A hot set serves the probed list reads of its nodes: nodes 1 and 70 hot, reads of 1, 2, 70,
+    70 (pages 1, 3, 2, 2) -> 3 of 4 lists and 5 of 8 pages from memory."""
+    from ooc.data.autoplan import _hot_share, _StateStats
+    e = np.zeros(0, dtype=np.int64)
+    st = _StateStats(e, e, e, e, e, 0, np.array([1, 2, 70, 70]), np.array([1, 3, 2, 2]))
+    bits = np.zeros(2, dtype=np.uint64)
+    bits[0] |= np.uint64(1 << 1)
+    bits[1] |= np.uint64(1 << (70 - 64))
+    assert _hot_share(st, bits) == (0.75, 5 / 8)
+    assert _hot_share(st, None) == (0.0, 0.0)
+
+
+def test_auto_hot_topology_where_list_reads_dominate(tmp_path: Path) -> None:
+    """A dense graph with 4-wide rows under a budget that cannot hold its topology: the split keeps
+    the lists on disk with the largest hot set that fits (list reads are nearly all the reads), the
+    run builds that hot set, serves lists from it and trains the batches of the topology in memory."""
+    path = _dense(tmp_path)
+    kw = dict(mode="exact", fanouts=[3, 3], batch_size=64, eval_batch_size=64, eval_fanouts=[3, 3])
+    chosen = None
+    for b in range(200_000, 8_000_000, 100_000):
+        try:
+            mp = _plan(path, memory_budget=str(b), **kw)
+        except ValueError:
+            continue
+        if mp.topology == "disk" and mp.hot_topology:
+            chosen = (b, mp)
+            break
+    assert chosen is not None
+    budget, mp = chosen
+    costs = {lab: c for lab, c, _ in mp.split.candidates if c is not None}
+    cold = costs["topology disk"]
+    assert mp.split.predicted.requests < cold.requests
+    assert mp.plan.budget >= mp.plan.planned and mp.split.as_dict()["hot_topology_bytes"] == mp.hot_topology
+    with pytest.raises(ValueError, match="too small"):
+        _plan(path, topology="memory", memory_budget=str(budget), **kw)
+    a = train(_cfg(path, output_dir=str(tmp_path / "auto"), memory_budget=str(budget), **kw))
+    b = train(_cfg(path, output_dir=str(tmp_path / "mem"), topology="memory", **kw))
+    assert a["losses"] == b["losses"] and a["test_acc"] == b["test_acc"]
+    assert a["history"][0]["topology_hot_lists"] > 0
+    assert a["split"]["hot_topology_bytes"] == mp.hot_topology

@@ -267,7 +267,7 @@ def test_hot_topology_changes_reads_not_results(metis_dataset: Path, tmp_path: P
     topology in memory; the hot lists cut list reads and are counted in the budget."""
     mem = train(_cfg(metis_dataset, tmp_path / "m", memory_budget="64MB", epochs=1))
     cold = train(_cfg(metis_dataset, tmp_path / "c", memory_budget="64MB", epochs=1,
-                      topology="disk"))
+                      topology="disk", hot_topology="0"))
     ds = Dataset(metis_dataset)
     whole = ds.raw("indices").nbytes + 8 * ds.num_nodes + 16 * (ds.num_nodes // 64 + 1) + 8
     ds.close()
