@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ooc.tools.bench import doc_help, drop_caches
+from ooc.tools.bench_footprint import usage
 from ooc.tools.options import SizeAction
 
 __all__ = ["ScaleConfig", "run_scale", "format_table", "add_bench_scale"]
@@ -138,8 +139,14 @@ def _vmstat_swaps() -> int:
     return n
 
 
-def run_stage(cmd: list[str], log_path: Path, poll_s: float = 1.0) -> dict:
+def run_stage(cmd: list[str], log_path: Path, poll_s: float = 1.0, disk: Path | None = None,
+              disk_every_s: float = 5.0) -> dict:
     """Run ``cmd`` with stdout/stderr to ``log_path`` and measure it.
+
+    With ``disk`` (a dataset path), the bytes of it and its hidden siblings (a rewrite's partial
+    and old copies; :func:`ooc.tools.bench_footprint.usage`) are summed every ``disk_every_s``
+    seconds: ``disk_start_bytes``, ``disk_peak_bytes`` and ``disk_end_bytes`` join the result (a
+    peak shorter than the interval can be missed).
 
     Returns:
         ``{"command", "seconds", "peak_rss_bytes", "read_bytes", "system_swaps", "returncode"}`` —
@@ -150,6 +157,9 @@ def run_stage(cmd: list[str], log_path: Path, poll_s: float = 1.0) -> dict:
         training stages' ``swaps`` are the engine's partition swaps).
     """
     sw0 = _vmstat_swaps()
+    disk_bytes = (lambda: usage(str(disk))[0]) if disk is not None else None
+    d0 = disk_bytes() if disk_bytes else 0
+    dpeak, next_disk = d0, time.perf_counter() + disk_every_s
     t0 = time.perf_counter()
     with open(log_path, "w") as logf:
         p = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
@@ -160,11 +170,18 @@ def run_stage(cmd: list[str], log_path: Path, poll_s: float = 1.0) -> dict:
                 break
             v = _read_bytes(p.pid)
             rb = v if v is not None else rb
+            if disk_bytes and time.perf_counter() >= next_disk:
+                dpeak = max(dpeak, disk_bytes())
+                next_disk = time.perf_counter() + disk_every_s
             time.sleep(poll_s)
     p.returncode = os.waitstatus_to_exitcode(status)
-    return {"command": " ".join(cmd), "seconds": time.perf_counter() - t0,
-            "peak_rss_bytes": ru.ru_maxrss * 1024, "read_bytes": rb,
-            "system_swaps": _vmstat_swaps() - sw0, "returncode": p.returncode}
+    out = {"command": " ".join(cmd), "seconds": time.perf_counter() - t0,
+           "peak_rss_bytes": ru.ru_maxrss * 1024, "read_bytes": rb,
+           "system_swaps": _vmstat_swaps() - sw0, "returncode": p.returncode}
+    if disk_bytes:
+        end = disk_bytes()
+        out.update(disk_start_bytes=d0, disk_peak_bytes=max(dpeak, end), disk_end_bytes=end)
+    return out
 
 
 def _count_lines(path: Path) -> int:
@@ -438,7 +455,8 @@ def run_scale(cfg: ScaleConfig, workdir: str | Path, results: str | Path | None 
                                  "returncode": None}
             save()
         dropped = drop_caches() if drop and st.startswith("train") else False
-        r = run_stage(cmd, work / "logs" / f"{log_name}.log")
+        r = run_stage(cmd, work / "logs" / f"{log_name}.log",
+                      disk=ds if st in ("generate", "partition") else None)
         r["command"] = r["command"].replace(f"{sys.executable} -m ooc.tools.cli", "ooc")
         r.update(date=date, dropped_caches=dropped)
         if segments:  # the stage's figures cover every segment
@@ -493,6 +511,9 @@ def format_table(rec: dict) -> str:
             if name == "partition" and r.get("partitioning"):
                 p = r["partitioning"]
                 notes += f", cut {p.get('cut_fraction', float('nan')):.3f}" if "cut_fraction" in p else ""
+            if r.get("disk_peak_bytes"):
+                notes += (f", disk peak {_gib(r['disk_peak_bytes'])} GiB "
+                          f"({r['disk_peak_bytes'] / max(r.get('dataset_bytes') or 1, 1):.2f}x the result)")
         elif "train_time_s" in r:
             notes = (f"epoch {r['train_time_s']:.1f} s, eval {r.get('eval_time_s', 0):.1f} s, "
                      f"{r.get('seeds_per_s', 0):.0f} seeds/s, "
@@ -506,8 +527,14 @@ def format_table(rec: dict) -> str:
                      f"{'identical' if c.get('identical_weights') else 'DIFFER'}, losses "
                      f"{'identical' if c.get('identical_losses') else 'DIFFER'}, test "
                      f"{r.get('test_acc') if r.get('test_acc') is not None else float('nan'):.4f}")
+        if r.get("segments"):
+            notes += f"; {len(r['segments'])} segments (interrupted, then --resume)"
         if r.get("returncode"):
             notes = f"FAILED (exit {r['returncode']})"
+        if "seconds" not in r:  # the marker of a training stage still running or interrupted
+            rows.append((name, "-", "-", "-", "", "started " + str(r.get("date", "")) +
+                         ", not finished (run again to resume)"))
+            continue
         rows.append((name, f"{r['seconds']:.1f}", _gib(r["peak_rss_bytes"]), _gib(r.get("read_bytes")),
                      str(r.get("system_swaps", r.get("swaps", "")) if name in ("generate", "partition")
                          else r.get("system_swaps", "")),

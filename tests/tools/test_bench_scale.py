@@ -145,7 +145,7 @@ def test_interrupted_training_stage_resumes_from_its_checkpoint(tmp_path: Path,
         {"config": asdict(cfg), "stages": {"generate": done, "partition": done}}))
     real = bs.run_stage
 
-    def dies_mid_stage(cmd: list[str], log_path: Path, poll_s: float = 1.0) -> dict:
+    def dies_mid_stage(cmd: list[str], log_path: Path, **kw: object) -> dict:
         kill_at_step(cmd, tmp_path / "runs" / "hybrid" / "steps.jsonl", 3, log_path, poll_s=0.05)
         raise KeyboardInterrupt  # the orchestrator is gone too
 
@@ -167,3 +167,23 @@ def test_interrupted_training_stage_resumes_from_its_checkpoint(tmp_path: Path,
              (tmp_path / "runs" / "hybrid" / "steps.jsonl").read_text().splitlines() if x.strip()]
     assert [s["step"] for s in steps] == list(range(st["steps"])), steps  # each step once
     assert st["test_acc"] > 0.25  # 4 planted classes: chance 0.25
+
+
+def test_run_stage_samples_the_disk_footprint(tmp_path: Path) -> None:
+    """A stage that writes 3 MB into the dataset's hidden sibling and deletes 2 MB of it: the peak
+    is sampled while it runs (start 1 MB, peak >= 4 MB, end 2 MB)."""
+    ds = tmp_path / "DS"
+    ds.mkdir()
+    (ds / "a").write_bytes(b"x" * 1_000_000)
+    code = ("import os, time; p = os.path.join(%r, '.DS.partial-1'); os.mkdir(p); "
+            "open(os.path.join(p, 'b'), 'wb').write(b'y' * 3_000_000); time.sleep(1.0); "
+            "os.truncate(os.path.join(p, 'b'), 1_000_000); time.sleep(0.3)") % str(tmp_path)
+    r = run_stage([sys.executable, "-c", code], tmp_path / "log", poll_s=0.05, disk=ds,
+                  disk_every_s=0.1)
+    assert r["returncode"] == 0
+    assert r["disk_start_bytes"] == 1_000_000 and r["disk_end_bytes"] == 2_000_000
+    assert r["disk_peak_bytes"] == 4_000_000
+    rec = {"stages": {"partition": dict(r, dataset_bytes=2_000_000),
+                      "train-auto": {"date": "d", "started_unix": 1.0, "returncode": None}}}
+    t = format_table(rec).splitlines()
+    assert "(2.00x the result)" in t[1] and "not finished (run again to resume)" in t[2]
