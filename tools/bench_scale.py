@@ -580,7 +580,7 @@ def _cmd_bench_scale(args: argparse.Namespace) -> int:
             print(f"ooc bench scale: --kill-resume {args.kill_resume!r}: expected MODE:STEP[:EVERY]",
                   file=sys.stderr)
             return 2
-    elif args.small:
+    elif args.small and "buffer" in cfg.modes:  # the default interruption check needs its run
         kr = ("buffer", 20, 8)
     try:
         rec = run_scale(cfg, work, args.results, drop=not args.no_drop_caches, redo=args.redo,
