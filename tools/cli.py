@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ooc.tools.options import SizeAction, size_options
 from ooc.util.sizes import format_bytes as _human
+from ooc.util.sizes import parse_bytes
 
 __all__ = ["main", "build_parser"]
 
@@ -372,6 +373,11 @@ def _print_summary(m: dict) -> None:
     lowered = f", prefetch lowered to {b['prefetch']} to fit" if b.get("budget") and \
         b.get("prefetch", 0) < m["config"].get("prefetch", 0) else ""
     topo = f", topology {m['topology']}" if m.get("topology") else ""
+    hot = (m.get("split") or {}).get("hot_topology_bytes")
+    if hot is None and m.get("topology") == "disk" and m["config"].get("hot_topology") not in (None, "", "auto"):
+        hot = parse_bytes(m["config"]["hot_topology"])
+    if hot and m.get("topology") == "disk":
+        topo += f" (hot lists {_human(hot)})"
     slots = f"{b['slots']} partition slot{'' if b['slots'] == 1 else 's'}"
     staging = f", batches in flight {_human(b['staging'])}" if b.get("budget") else ""
     ahead = ""
@@ -398,6 +404,8 @@ def _print_summary(m: dict) -> None:
         tried = len(split["candidates"])
         refused = sum(1 for c in split["candidates"] if c.get("refused"))
         print(f"budget split  chose topology {split['topology']}"
+              + (f" (hot lists {_human(split['hot_topology_bytes'])})"
+                 if split.get("hot_topology_bytes") else "")
               + (", PQ codes" if split["pq"] else "") + f", {split['slots']} partition slot"
               f"{'' if split['slots'] == 1 else 's'}, cache {_human(split['cache_bytes'])}"
               + (f", read-ahead {split['read_ahead']} batches" if split.get("read_ahead") else "")

@@ -284,3 +284,14 @@ def test_auto_hot_topology_where_list_reads_dominate(tmp_path: Path) -> None:
     assert a["losses"] == b["losses"] and a["test_acc"] == b["test_acc"]
     assert a["history"][0]["topology_hot_lists"] > 0
     assert a["split"]["hot_topology_bytes"] == mp.hot_topology
+    # the summary names the hot lists on its data path and budget split lines
+    import contextlib
+    import io
+
+    from ooc.tools.cli import _print_summary
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        _print_summary(a)
+    lines = {ln[:13].strip(): ln for ln in out.getvalue().splitlines()}
+    assert "topology disk (hot lists " in lines["data path"]
+    assert "chose topology disk (hot lists " in lines["budget split"]
