@@ -29,6 +29,22 @@ def index_dtype_for(num_nodes: int) -> np.dtype:
     return np.dtype(np.int32) if num_nodes - 1 <= INT32_LIMIT else np.dtype(np.int64)
 
 
+def degree_dtype_for(num_edges: int) -> np.dtype:
+    """int32 when no degree can exceed it (``num_edges <= INT32_LIMIT``: a degree is at most the
+    edge count), else int64."""
+    return np.dtype(np.int32) if num_edges <= INT32_LIMIT else np.dtype(np.int64)
+
+
+def degrees_into(indptr: np.ndarray, out: np.ndarray, step: int = 1 << 22) -> np.ndarray:
+    """``out[v] = indptr[v + 1] - indptr[v]`` in slices of ``step`` nodes (no N-sized int64
+    temporary when ``out`` is int32, see :func:`degree_dtype_for`); returns ``out``."""
+    n = indptr.shape[0] - 1
+    for a in range(0, n, step):
+        b = min(a + step, n)
+        out[a:b] = indptr[a + 1:b + 1] - indptr[a:b]
+    return out
+
+
 @njit(cache=True, nogil=True)
 def _count(keys: np.ndarray, n: int) -> np.ndarray:
     indptr = np.zeros(n + 1, dtype=np.int64)

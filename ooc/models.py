@@ -181,7 +181,7 @@ def to_torch_blocks(sg: SampledSubgraph, degrees: np.ndarray, loops: np.ndarray 
     """Convert a :class:`SampledSubgraph` to tensors.
 
     Args:
-        sg: the sample; degrees: int64 [N] full-graph in-degree, indexed by ``sg.nodes``.
+        sg: the sample; degrees: int32 or int64 [N] full-graph in-degree, indexed by ``sg.nodes``.
         loops: int [N] self-loops per node (:func:`ooc.kernels.graph.self_loop_counts`; GCN then
             normalises with ``d - loops + 1``); ``None``: degrees keep the data's loops.
         node_ids: int64 global ids of ``sg.nodes`` when those are local ids (a buffer state's

@@ -16,6 +16,7 @@ import psutil
 
 from ooc.data.buffer import BufferManager
 from ooc.features.cache import LOOKAHEAD_POLICIES, CachedFeature
+from ooc.kernels.graph import degree_dtype_for
 from ooc.kernels.sampling import workspace_bytes
 from ooc.storage.dataset import Dataset
 from ooc.util.sizes import format_bytes
@@ -338,7 +339,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
     indptr = ds.indptr
     part_edges = indptr[offsets[1:]] - indptr[offsets[:-1]]
     lw = max(int(local_world), 1)
-    topo = 8 * (n + 1) + 8 * n + (4 * n if loop_counts else 0)  # indptr, degrees, self-loop counts
+    deg_item = degree_dtype_for(e if topology_edges is None else int(topology_edges)).itemsize
+    topo = 8 * (n + 1) + deg_item * n + (4 * n if loop_counts else 0)  # indptr, degrees, self-loops
     if topology_edges is not None:
         topo += 8 * int(topology_edges)
         e = int(topology_edges)

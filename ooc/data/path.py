@@ -54,7 +54,7 @@ from ooc.data.shared import shared_array
 from ooc.embedding import embedding_bytes
 from ooc.features.cache import LOOKAHEAD_POLICIES, CachedFeature
 from ooc.features.tiers import MissRows, NoFeatures
-from ooc.kernels.graph import self_loop_counts
+from ooc.kernels.graph import degree_dtype_for, degrees_into, self_loop_counts
 from ooc.kernels.partition import contiguous_partitions
 from ooc.kernels.rng import batch_key
 from ooc.kernels.sampling import MiniBatch, excluded_edge_keys
@@ -608,8 +608,9 @@ def _topology(cfg: "TrainConfig", where: str, ds: Dataset, job: Job,
                      reader.hot.num_nodes, reader.hot.ids.shape[0], format_bytes(reader.hot.nbytes),
                      format_bytes(hot))
         readers.append(reader)
-    degrees = shared_array(job, "degrees", (indptr.shape[0] - 1,), np.int64,
-                           lambda o: np.subtract(indptr[1:], indptr[:-1], out=o))
+    degrees = shared_array(job, "degrees", (indptr.shape[0] - 1,),
+                           degree_dtype_for(int(indptr[-1]) if indptr.shape[0] else 0),
+                           lambda o: degrees_into(indptr, o))
     loops = None
     if needs_loop_counts(cfg.model):
         loops = shared_array(job, "loops", (indptr.shape[0] - 1,), np.int32,

@@ -559,9 +559,12 @@ def test_self_loop_counts_held_and_budgeted_only_for_models_that_read_them(
         assert (data.graph.loops is not None) == held
         if held:
             assert data.graph.loops.dtype == np.int32 and data.graph.loops.shape == (n,)
-        # indptr (n + 1) + degrees (n), int64, + the in-memory lists, + 4 B per node of loop counts
+        # indptr (n + 1, int64) + degrees (n, int32: fewer than 2^31 edges), + the in-memory
+        # lists, + 4 B per node of loop counts
         ds = Dataset(metis_dataset)
         lists = ds.raw("indices").shape[0] * ds.raw("indices").dtype.itemsize
-        assert data.budget.topology == 8 * (n + 1) + 8 * n + lists + (4 * n if held else 0)
+        assert data.graph.degrees.dtype == np.int32
+        assert data.budget.topology == 8 * (n + 1) + 4 * n + lists + (4 * n if held else 0)
+        assert data.graph.degrees.tolist() == np.diff(ds.indptr).tolist()
     finally:
         data.close()
