@@ -139,8 +139,18 @@ def _vmstat_swaps() -> int:
     return n
 
 
+def _die_with_parent() -> None:
+    """``preexec_fn`` of a stage: the stage gets SIGTERM when this orchestrator dies (Linux
+    ``PR_SET_PDEATHSIG``), so no orphan keeps a run directory locked for the next invocation."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: orphans are possible
+        pass
+
+
 def run_stage(cmd: list[str], log_path: Path, poll_s: float = 1.0, disk: Path | None = None,
-              disk_every_s: float = 5.0) -> dict:
+              disk_every_s: float = 1.0) -> dict:
     """Run ``cmd`` with stdout/stderr to ``log_path`` and measure it.
 
     With ``disk`` (a dataset path), the bytes of it and its hidden siblings (a rewrite's partial
@@ -162,7 +172,8 @@ def run_stage(cmd: list[str], log_path: Path, poll_s: float = 1.0, disk: Path | 
     dpeak, next_disk = d0, time.perf_counter() + disk_every_s
     t0 = time.perf_counter()
     with open(log_path, "w") as logf:
-        p = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
+        p = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
+                             preexec_fn=_die_with_parent)
         rb = 0
         while True:
             pid, status, ru = os.wait4(p.pid, os.WNOHANG)
@@ -203,7 +214,8 @@ def kill_at_step(cmd: list[str], steps_path: Path, step: int, log_path: Path,
     """
     t0 = time.perf_counter()
     with open(log_path, "w") as logf:
-        p = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
+        p = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT,
+                             preexec_fn=_die_with_parent)
         seen = 0
         while p.poll() is None:
             seen = _count_lines(steps_path)
@@ -235,6 +247,10 @@ def compare_runs(a: Path, b: Path) -> dict:
             "same_test_acc": ma.get("test_acc") == mb.get("test_acc"),
             "same_val_acc": ma.get("val_acc") == mb.get("val_acc"),
             "steps": [ma.get("steps"), mb.get("steps")]}
+
+
+#: Training stages ``train-MODE`` of :func:`run_scale`.
+TRAIN_MODES = ("hybrid", "buffer", "exact", "auto")
 
 
 def _du(path: Path) -> int:
@@ -312,6 +328,9 @@ def run_kill_resume(cfg: ScaleConfig, work: Path, mode: str, kill_step: int, eve
                  "kill": kill, "checkpoint_every": every}
     if kill["returncode"] != -signal.SIGKILL:
         out["returncode"] = 1
+        if kill["returncode"] == 0:
+            out["why"] = (f"the run finished in {_count_lines(run / 'steps.jsonl')} steps, before the kill "
+                          f"after step {kill_step} (--kill-resume {mode}:STEP with a smaller STEP)")
         return out
     if drop:
         drop_caches()
@@ -351,10 +370,13 @@ def _stages_still_valid(old: dict, conf: dict) -> dict:
 
 
 def _interrupted_segments(prev: dict, run: Path) -> list[dict]:
-    """The segments of an interrupted training stage, the last one closed from the run's files:
-    its useful time ends at the last checkpoint (steps after it are trained again), its last step
-    at ``steps.jsonl``'s modification time."""
+    """The segments of an interrupted training stage.  When the orchestrator died with it (``prev``
+    is the marker, returncode None) the last one is closed from the run's files: its useful time
+    ends at the last checkpoint (steps after it are trained again), its last step at
+    ``steps.jsonl``'s modification time; a segment that failed is recorded as it ended."""
     segs = [dict(x) for x in prev.get("segments", [])]
+    if prev.get("returncode") is not None:  # the last segment failed and is recorded
+        return segs
     t0 = float(prev["started_unix"])
     ck = (run / "checkpoint.pt").stat().st_mtime
     steps = run / "steps.jsonl"
@@ -423,8 +445,12 @@ def run_scale(cfg: ScaleConfig, workdir: str | Path, results: str | Path | None 
             rec["stages"][st] = r
             save()
             if r["returncode"] != 0:
+                if r.get("why"):
+                    raise RuntimeError(f"stage {st}: {r['why']}")
+                log = work / "logs" / (f"resume-{kill_resume[0]}.log" if res else
+                                       f"resume-{kill_resume[0]}-killed.log")
                 raise RuntimeError(f"stage {st} failed (kill {r['kill']['returncode']}, resume "
-                                   f"{res.get('returncode')}); see {work / 'logs' / (st + '.log')}")
+                                   f"{res.get('returncode')}); see {log}")
             continue
         if st == "generate":
             cmd = _ooc("generate", "rmat", "--nodes", str(cfg.nodes), "--edges", str(cfg.edges),
@@ -443,7 +469,8 @@ def run_scale(cfg: ScaleConfig, workdir: str | Path, results: str | Path | None 
             mode = st.split("-", 1)[1]
             run = work / "runs" / mode
             prev = rec["stages"].get(st, {})
-            if cfg.checkpoint_every and prev.get("started_unix") and (run / "checkpoint.pt").exists():
+            if cfg.checkpoint_every and prev.get("started_unix") and prev.get("returncode") != 0 \
+                    and (run / "checkpoint.pt").exists():
                 segments = _interrupted_segments(prev, run)
                 cmd = _ooc("train", "--resume", str(run), "--no-progress")
                 log_name = f"{st}-resume{len(segments)}"
@@ -451,19 +478,21 @@ def run_scale(cfg: ScaleConfig, workdir: str | Path, results: str | Path | None 
                 shutil.rmtree(run, ignore_errors=True)
                 cmd = _train_cmd(cfg, ds, mode, run)
             # a marker, so that a run killed with this orchestrator is resumed next time
-            rec["stages"][st] = {"date": date, "started_unix": time.time(), "segments": segments,
-                                 "returncode": None}
+            started = prev.get("started_unix") if segments else None
+            rec["stages"][st] = {"date": date, "started_unix": started or time.time(),
+                                 "segments": segments, "returncode": None}
             save()
         dropped = drop_caches() if drop and st.startswith("train") else False
         r = run_stage(cmd, work / "logs" / f"{log_name}.log",
                       disk=ds if st in ("generate", "partition") else None)
         r["command"] = r["command"].replace(f"{sys.executable} -m ooc.tools.cli", "ooc")
         r.update(date=date, dropped_caches=dropped)
-        if segments:  # the stage's figures cover every segment
+        if st.startswith("train-") and cfg.checkpoint_every:  # figures cover every segment
             seg = {k: r[k] for k in ("date", "seconds", "peak_rss_bytes", "read_bytes", "command",
                                      "returncode")}
             segments.append(seg)
             r["segments"] = segments
+            r["started_unix"] = rec["stages"][st]["started_unix"]  # a failed one resumes too
             r["seconds"] = sum(x.get("seconds", 0.0) for x in segments)
             r["peak_rss_bytes"] = max(x.get("peak_rss_bytes", 0) for x in segments)
             r["read_bytes"] = sum(x.get("read_bytes") or 0 for x in segments)
@@ -485,8 +514,11 @@ def run_scale(cfg: ScaleConfig, workdir: str | Path, results: str | Path | None 
         rec["stages"][st] = r
         save()
         if r["returncode"] != 0:
+            again = (" (run the same command again to resume it from its checkpoint)"
+                     if r.get("started_unix") and (work / "runs" / st.split("-", 1)[1] /
+                                                   "checkpoint.pt").exists() else "")
             raise RuntimeError(f"stage {st} failed (exit {r['returncode']}); see "
-                               f"{work / 'logs' / (st + '.log')}")
+                               f"{work / 'logs' / (log_name + '.log')}{again}")
     if ds.exists():
         rec["dataset_bytes"] = _du(ds)
     if not keep:
@@ -527,7 +559,7 @@ def format_table(rec: dict) -> str:
                      f"{'identical' if c.get('identical_weights') else 'DIFFER'}, losses "
                      f"{'identical' if c.get('identical_losses') else 'DIFFER'}, test "
                      f"{r.get('test_acc') if r.get('test_acc') is not None else float('nan'):.4f}")
-        if r.get("segments"):
+        if len(r.get("segments") or []) > 1:
             notes += f"; {len(r['segments'])} segments (interrupted, then --resume)"
         if r.get("returncode"):
             notes = f"FAILED (exit {r['returncode']})"
@@ -566,11 +598,23 @@ def _cmd_bench_scale(args: argparse.Namespace) -> int:
             setattr(cfg, k, v)
     if args.modes:
         cfg.modes = tuple(args.modes.split(","))
+    bad = [m for m in cfg.modes if m not in TRAIN_MODES]
+    if bad or (cfg.checkpoint_every or 0) < 0:
+        why = (f"--modes {args.modes}: {', '.join(bad)} is not one of {', '.join(TRAIN_MODES)}" if bad
+               else f"--checkpoint-every {cfg.checkpoint_every}: steps must be >= 0")
+        print(f"ooc bench scale: {why}", file=sys.stderr)
+        return 2
     if args.splits:
         cfg.splits = tuple(float(x) for x in args.splits.split(","))  # type: ignore[assignment]
     work = Path(args.workdir or "/work/bench-data/scale/" + (
         "small" if args.small else "papers100m" if args.papers100m else "full"))
     stages = tuple(args.stages.split(",")) if args.stages else None
+    known = {"generate", "partition", *(f"train-{m}" for m in cfg.modes),
+             *(f"resume-{m}" for m in TRAIN_MODES)}
+    if stages and set(stages) - known:
+        print(f"ooc bench scale: --stages: {', '.join(sorted(set(stages) - known))} is not a stage "
+              f"of this run ({', '.join(sorted(known))})", file=sys.stderr)
+        return 2
     kr = None
     if args.kill_resume:
         try:
@@ -600,10 +644,13 @@ def add_bench_scale(bsub: argparse._SubParsersAction) -> None:
     p = bsub.add_parser("scale", help="billion-edge pipeline: generate, partition, train, evaluate",
                         description=doc_help(__doc__))
     p.add_argument("--small", action="store_true",
-                   help="the ~10 M-edge variant (500 K nodes, budget 100MB, + in-memory reference)")
+                   help="the ~10 M-edge variant (500 K nodes, 16 partitions, 4 resident without a "
+                        "byte budget, auto under 600MB, + the in-memory reference)")
     p.add_argument("--papers100m", action="store_true",
-                   help="ogbn-papers100M's shape: 111 M nodes, 1.6 B edges, 172 classes, its split "
-                        "sizes, 128 partitions, hybrid under 8GB, a checkpoint every 100 steps")
+                   help="ogbn-papers100M's shape: 111 M nodes, 1.6 B edges, 128-d float16, 172 "
+                        "classes, its split sizes, 128 partitions; hybrid with the automatic split "
+                        "under 8GB, O_DIRECT, a checkpoint every 100 steps. Needs ~37 GB of disk "
+                        "for the dataset and ~46 GB while partitioning in place")
     p.add_argument("--workdir", help="default /work/bench-data/scale/{full,small,papers100m}")
     p.add_argument("--results", help="JSON record (default WORKDIR/scale.json)")
     p.add_argument("--nodes")
@@ -630,7 +677,8 @@ def add_bench_scale(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--auto-budget", action=SizeAction, empty=True,
                    help="--memory-budget of the `auto` mode (hybrid, automatic split; default the "
                         "training budget)")
-    p.add_argument("--modes", help="comma-separated training modes (default hybrid,buffer)")
+    p.add_argument("--modes", help="comma-separated training modes among hybrid, buffer, exact, "
+                                   "auto (default hybrid,buffer; --small: all four; --papers100m: auto)")
     p.add_argument("--stages", help="only these stages, e.g. generate,partition")
     p.add_argument("--kill-resume", metavar="MODE:STEP[:EVERY]",
                    help="add stage resume-MODE: train MODE again with --checkpoint-every EVERY "

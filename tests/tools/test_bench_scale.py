@@ -155,14 +155,21 @@ def test_interrupted_training_stage_resumes_from_its_checkpoint(tmp_path: Path,
     marker = json.loads((tmp_path / "scale.json").read_text())["stages"]["train-hybrid"]
     assert marker["returncode"] is None and marker["started_unix"] > 0
     assert (tmp_path / "runs" / "hybrid" / "checkpoint.pt").exists()
+    # the first resume fails (e.g. the run is still locked): recorded, and resumed again next time
+    monkeypatch.setattr(bs, "run_stage", lambda cmd, log_path, **kw: {
+        "command": " ".join(cmd), "seconds": 0.5, "peak_rss_bytes": 1, "read_bytes": 0,
+        "system_swaps": 0, "returncode": 2})
+    with pytest.raises(RuntimeError, match=r"train-hybrid-resume1\.log \(run the same command again"):
+        run_scale(cfg, tmp_path, drop=False)
     monkeypatch.setattr(bs, "run_stage", real)
     rec = run_scale(cfg, tmp_path, drop=False)
     st = rec["stages"]["train-hybrid"]
-    assert st["returncode"] == 0, (tmp_path / "logs" / "train-hybrid-resume1.log").read_text()
+    assert st["returncode"] == 0, (tmp_path / "logs" / "train-hybrid-resume2.log").read_text()
     segs = st["segments"]
-    assert [s.get("interrupted", False) for s in segs] == [True, False]
-    assert segs[0]["steps_seen"] >= 3 and "--resume" in segs[1]["command"]
-    assert st["seconds"] == pytest.approx(segs[0]["seconds"] + segs[1]["seconds"])
+    assert [s.get("interrupted", False) for s in segs] == [True, False, False]
+    assert [s["returncode"] for s in segs[1:]] == [2, 0]
+    assert segs[0]["steps_seen"] >= 3 and "--resume" in segs[2]["command"]
+    assert st["seconds"] == pytest.approx(sum(s["seconds"] for s in segs))
     steps = [json.loads(x) for x in
              (tmp_path / "runs" / "hybrid" / "steps.jsonl").read_text().splitlines() if x.strip()]
     assert [s["step"] for s in steps] == list(range(st["steps"])), steps  # each step once
@@ -187,3 +194,14 @@ def test_run_stage_samples_the_disk_footprint(tmp_path: Path) -> None:
                       "train-auto": {"date": "d", "started_unix": 1.0, "returncode": None}}}
     t = format_table(rec).splitlines()
     assert "(2.00x the result)" in t[1] and "not finished (run again to resume)" in t[2]
+
+
+def test_bench_scale_refuses_bad_options_before_any_stage(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    from ooc.tools.cli import main
+    for extra, words in ((["--modes", "bogus"], "bogus is not one of hybrid, buffer, exact, auto"),
+                         (["--checkpoint-every", "-3"], "steps must be >= 0"),
+                         (["--stages", "foo"], "foo is not a stage of this run")):
+        assert main(["bench", "scale", "--small", "--workdir", str(tmp_path / "w"), *extra]) == 2
+        assert words in capsys.readouterr().err
+    assert not (tmp_path / "w" / "DS").exists()
