@@ -410,7 +410,8 @@ def _print_summary(m: dict) -> None:
               f"{'' if split['slots'] == 1 else 's'}, cache {_human(split['cache_bytes'])}"
               + (f", read-ahead {split['read_ahead']} batches" if split.get("read_ahead") else "")
               + " (best of "
-              f"{tried - refused} splits" + (f"; {refused} did not fit" if refused else "")
+              f"{tried - refused} split{'' if tried - refused == 1 else 's'}"
+              + (f"; {refused} did not fit" if refused else "")
               + f"); predicted training read {_human(split['predicted_bytes'])} per epoch in "
               f"{split['predicted_requests']:,} requests{real}")
     if m.get("miss_features") == "pq":

@@ -447,8 +447,8 @@ def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
         The kept :class:`SplitChoice`.
 
     Raises:
-        ValueError: no combination fits the budget (the last one's reason, which is the smallest
-            footprint tried).
+        ValueError: no combination fits the budget (the reason of the last one tried without hot
+            lists: the smallest footprint).
     """
     t0 = time.perf_counter()
     indptr = ds.indptr
@@ -487,7 +487,8 @@ def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
                             base = plan
                     except ValueError as err:
                         tried.append((label, None, str(err)))
-                        last_err = err
+                        if hot == 0 or last_err is None:  # raised: the smallest footprint's reason
+                            last_err = err
                         continue
                     key = (plan.state_slots if plan.slots < plan.num_parts else plan.num_parts,
                            plan.group)

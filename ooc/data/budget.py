@@ -437,7 +437,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                 + (f", node embeddings {format_bytes(embedding)}" if embedding else "")
                 + (f", {need_slots} partition slot{'s' if need_slots > 1 else ''} "
                    f"{format_bytes(slots_cost(need_slots))}" if need_slots else "")
-                + " (use more partitions, --topology disk, a smaller batch or a larger budget"
+                + " (use more partitions" + (", --topology disk" if topology != "disk" else "")
+                + ", a smaller batch or a larger budget"
                 + ("; or a smaller --embedding" if embedding else "")
                 + ("; or a smaller --hot-topology" if hot_topology else "")
                 + ("; or a smaller --read-ahead" if ahead else "")

@@ -800,8 +800,9 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
             topology, pq, size, plan = split.topology, split.pq, split.cache_size, split.plan
             hot = split.hot_topology
         if hot and topology != "disk":
-            log.warning("--hot-topology %s not used: the budget split keeps the whole topology "
-                        "in memory", cfg.hot_topology)
+            log.warning("--hot-topology %s not used: %s", cfg.hot_topology,
+                        "the budget split keeps the whole topology in memory" if budget_bytes is not None
+                        else "without --memory-budget, --topology auto keeps the whole topology in memory")
             hot = 0
         if cfg.miss_features == "auto" and not pq_need:
             log.warning("--miss-features auto: %s has no PQ codes (`ooc compress` writes them); "

@@ -295,3 +295,19 @@ def test_auto_hot_topology_where_list_reads_dominate(tmp_path: Path) -> None:
     lines = {ln[:13].strip(): ln for ln in out.getvalue().splitlines()}
     assert "topology disk (hot lists " in lines["data path"]
     assert "chose topology disk (hot lists " in lines["budget split"]
+
+
+def test_hot_topology_messages_name_what_was_asked(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A budget too small for any split is refused with the smallest footprint's reason (no hot
+    lists the user did not ask for, no advice to use the --topology already given); a hot size
+    without a budget is reported as unused for the reason that applies."""
+    import logging
+    path = _dense(tmp_path)
+    kw = dict(mode="exact", fanouts=[3, 3], batch_size=16, eval_batch_size=16, eval_fanouts=[3, 3])
+    with pytest.raises(ValueError, match="too small") as err:
+        _plan(path, topology="disk", memory_budget="100000", **kw)
+    assert "hot-topology" not in str(err.value) and "--topology disk," not in str(err.value)
+    with caplog.at_level(logging.WARNING):
+        mp = _plan(path, hot_topology="1MB", **kw)
+    assert mp.topology == "memory" and mp.hot_topology == 0
+    assert "without --memory-budget, --topology auto keeps the whole topology in memory" in caplog.text
