@@ -77,6 +77,12 @@ PROBE_BATCHES = 4
 #: Batches probed per candidate state size for the reads (with 4, 8, 16 and 32 the predictions of
 #: two splits whose measured reads were equal on the 2 M-node bench differed by 22, 14, 7 and 3%).
 PROBE_STATE_BATCHES = 16
+#: ... but no more batches than hold about this many list reads by their no-deduplication bound
+#: (at least :data:`PROBE_BATCHES`): at 111 M nodes a 15,10,5 batch of 1,024 reads ~170 K lists
+#: from disk, ~1.5 GB with O_DIRECT, and 16 batches per candidate state size made the probe
+#: take longer than a tenth of the epoch.  A function of the configuration, so every rank probes
+#: the same batches.
+PROBE_STATE_LISTS = 400_000
 #: ``--hot-topology auto``: shares of the whole on-disk topology (lists, offsets, bitmap) tried as
 #: hot sets beside none.  A power-law graph's hottest eighth holds most draws; a regular one needs
 #: about the share of draws it should serve.
@@ -275,6 +281,18 @@ class _StateStats:
     list_node_pages: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
+def _state_probe_batches(cfg: "TrainConfig", num_nodes: int) -> int:
+    """Batches probed per state size: :data:`PROBE_STATE_BATCHES`, fewer (not below
+    :data:`PROBE_BATCHES`) where a batch's list reads (every hop but the last, no deduplication,
+    at most every node) would exceed :data:`PROBE_STATE_LISTS` together."""
+    lists, frontier = 0, max(int(cfg.batch_size), 1)
+    for f in list(cfg.fanouts)[:-1] if cfg.fanouts else []:
+        lists += frontier
+        frontier = frontier * (f if f > 0 else 1_000_000)
+    lists = min(lists + frontier if cfg.fanouts else frontier, max(int(num_nodes), 1))
+    return int(max(PROBE_BATCHES, min(PROBE_STATE_BATCHES, PROBE_STATE_LISTS // max(lists, 1))))
+
+
 def _probe_states(cfg: "TrainConfig", ds: Dataset, probe: ListProbe, offsets: np.ndarray,
                   state_slots: int, group: int) -> _StateStats:
     ids = ds.split("train")
@@ -298,7 +316,7 @@ def _probe_states(cfg: "TrainConfig", ds: Dataset, probe: ListProbe, offsets: np
     out: dict[str, list] = {k: [] for k in ("rows", "resident", "outer", "lists", "pages")}
     list_nodes: list[np.ndarray] = []
     list_pages: list[np.ndarray] = []
-    for i in _evenly(PROBE_STATE_BATCHES, len(plan.batches)):
+    for i in _evenly(_state_probe_batches(cfg, ds.num_nodes), len(plan.batches)):
         sg = probe.sample(plan.batches[i], list(cfg.fanouts), batch_key(cfg.seed, 0, i), cfg.replace)
         nodes = sg.nodes
         inner = sg.blocks[0].num_dst if sg.blocks else nodes.shape[0]  # nodes of every hop but the last

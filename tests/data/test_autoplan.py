@@ -311,3 +311,17 @@ def test_hot_topology_messages_name_what_was_asked(tmp_path: Path, caplog: pytes
         mp = _plan(path, hot_topology="1MB", **kw)
     assert mp.topology == "memory" and mp.hot_topology == 0
     assert "without --memory-budget, --topology auto keeps the whole topology in memory" in caplog.text
+
+
+def test_state_probe_batches_shrink_with_the_list_reads_of_a_batch(planted_dataset: Path) -> None:
+    """16 probed batches per state size unless a batch's list reads (no-deduplication bound, every
+    hop but the last) would pass 400 K together; never fewer than 4."""
+    from ooc.data.autoplan import _state_probe_batches
+    small = _cfg(planted_dataset, fanouts=[10, 10], batch_size=256)
+    assert _state_probe_batches(small, 2_000_000) == 16  # 256 + 2,560 lists per batch
+    big = _cfg(planted_dataset, fanouts=[15, 10, 5], batch_size=1024)
+    assert _state_probe_batches(big, 111_000_000) == 4  # 170 K lists per batch
+    mid = _cfg(planted_dataset, fanouts=[10, 5], batch_size=4096)
+    assert _state_probe_batches(mid, 10**8) == 400_000 // (4096 * 11)
+    full = _cfg(planted_dataset, fanouts=[-1, -1], batch_size=64)
+    assert _state_probe_batches(full, 1000) == 16  # at most every node: 1,000 lists
