@@ -923,7 +923,7 @@ class HotLists:
 
     @classmethod
     def build(cls, reader: "NeighborReader", nbytes: int, fanout: int = -1,
-              alloc=_empty, chunk_nodes: int = 1 << 16) -> "HotLists":
+              alloc=_empty, chunk_nodes: int = 1 << 16, bits: np.ndarray | None = None) -> "HotLists":
         """The hot set of at most ``nbytes`` bytes over ``reader``'s topology.
 
         Args:
@@ -933,6 +933,8 @@ class HotLists:
             alloc: ``alloc(tag, shape, dtype, fill) -> array`` (e.g. shared memory between local
                 ranks: ``fill(out)`` runs once per machine); default a private array.
             chunk_nodes: hot lists loaded per read.
+            bits: the bitmap :meth:`select` gives for ``nbytes`` and ``fanout``, when already
+                computed (the budget split's; the scoring pass over the lists is then skipped).
 
         Raises:
             OSError: a short read.
@@ -940,9 +942,11 @@ class HotLists:
         indptr = reader.indptr
         n = indptr.shape[0] - 1
         item = reader.itemsize
+        chosen = bits
         bits = alloc("hot_bits", ((n + 63) // 64,), np.uint64,
-                     lambda o: cls.select(indptr, cls.scores(reader.indices, indptr, fanout),
-                                          nbytes, item, o))
+                     (lambda o: o.__setitem__(..., chosen)) if chosen is not None else
+                     (lambda o: cls.select(indptr, cls.scores(reader.indices, indptr, fanout),
+                                           nbytes, item, o)))
         rank = alloc("hot_rank", bits.shape, np.int64, lambda o: _hot_rank(bits, o))
         h = int(rank[-1] + _popcount(bits[-1])) if n else 0
         nodes = np.empty(h, dtype=np.int64)  # transient: the hot nodes, ascending

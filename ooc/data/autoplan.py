@@ -145,6 +145,8 @@ class SplitChoice:
         topology: ``memory`` or ``disk`` (or the configured one); pq: PQ-decoded misses.
         cache_size: bytes of the hybrid row cache asked of :func:`plan_budget` (None: the default).
         hot_topology: bytes of hottest lists kept in memory with the topology on disk (0: none).
+        hot_bits: their bitmap (:meth:`~ooc.storage.io.HotLists.select`; N / 8 bytes), handed to
+            :meth:`~ooc.storage.io.HotLists.build` so the lists are not scored twice.
         plan: its :class:`BudgetPlan`.
         predicted: its predicted reads per epoch.
         candidates: every combination tried: ``(label, ReadCost or None, reason it was refused)``.
@@ -159,6 +161,7 @@ class SplitChoice:
     candidates: list[tuple[str, ReadCost | None, str]] = field(default_factory=list)
     probe_s: float = 0.0
     hot_topology: int = 0
+    hot_bits: np.ndarray | None = None
 
     def describe(self) -> str:
         """One line: what stays in memory and the predicted reads."""
@@ -517,7 +520,8 @@ def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
                     cost = _epoch_cost(cfg, ds, stats[key], plan, topo, pq, degrees, bits)
                     tried.append((label, cost, ""))
                     if best is None or _better(cost, plan, best):
-                        best = SplitChoice(topo, pq, size, plan, cost, hot_topology=hot)
+                        best = SplitChoice(topo, pq, size, plan, cost, hot_topology=hot,
+                                           hot_bits=bits)
     finally:
         if own:
             probe.close()

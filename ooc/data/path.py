@@ -572,7 +572,8 @@ class DataPath:
 
 
 def _topology(cfg: "TrainConfig", where: str, ds: Dataset, job: Job,
-              override: tuple[np.ndarray, np.ndarray] | None, hot: int = 0) -> tuple[Graph, list]:
+              override: tuple[np.ndarray, np.ndarray] | None, hot: int = 0,
+              hot_bits: np.ndarray | None = None) -> tuple[Graph, list]:
     """The message-passing graph: ``override`` (link prediction's training graph) or the
     dataset's topology in memory (``where`` = ``memory``: one copy per machine), mapped
     (``mmap``), or on disk (``disk``: indptr in memory, lists read page-aligned; ``hot`` bytes of
@@ -603,7 +604,7 @@ def _topology(cfg: "TrainConfig", where: str, ds: Dataset, job: Job,
         if hot:  # the hottest lists in memory, one copy per machine
             fo = -1 if min(cfg.fanouts) < 0 else max(cfg.fanouts)
             reader.hot = HotLists.build(reader, hot, fo, lambda tag, shape, dtype, fill:
-                                        shared_array(job, tag, shape, dtype, fill))
+                                        shared_array(job, tag, shape, dtype, fill), bits=hot_bits)
             log.info("hot topology: lists of %d nodes (%d edges) in memory, %s of %s",
                      reader.hot.num_nodes, reader.hot.ids.shape[0], format_bytes(reader.hot.nbytes),
                      format_bytes(hot))
@@ -670,7 +671,7 @@ class MachinePlan:
             configuration left nothing to choose.
         extents: the batch extents the batches in flight were sized with (None: no budget).
         hot_topology: bytes of hot lists to hold with the topology on disk (given, or chosen by
-            the split for ``--hot-topology auto``; 0: none).
+            the split for ``--hot-topology auto``; 0: none); hot_bits: the split's bitmap of them.
     """
 
     plan: BudgetPlan
@@ -680,6 +681,7 @@ class MachinePlan:
     split: SplitChoice | None = None
     extents: Extents | None = None
     hot_topology: int = 0
+    hot_bits: np.ndarray | None = None
 
 
 def _read_ahead(cfg: "TrainConfig", task: str, ds: Dataset) -> int | None:
@@ -761,7 +763,7 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
                                   loop_counts=needs_loop_counts(cfg.model), extents=extents)
         # at most every list: bitmap and ranks (16 B per 64 nodes), offsets, the lists themselves
         n, item = ds.num_nodes, ds.raw("indices").dtype.itemsize
-        whole = 16 * -(-n // 64) + 8 * (n + 1) + ds.num_edges * item
+        whole = HotLists.fixed_bytes(n) + HotLists.PER_NODE * n + ds.num_edges * item
         auto_hot = cfg.hot_topology == "auto"
         hot = 0 if auto_hot or not cfg.hot_topology else min(parse_bytes(cfg.hot_topology), whole)
 
@@ -809,7 +811,8 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
                         "the rows a batch misses are read from disk", ds.path)
         return MachinePlan(plan, pq_need if pq else 0,
                            lambda: plan_with(topology, False, size, hot if topology == "disk" else 0),
-                           topology, split, extents, hot if topology == "disk" else 0)
+                           topology, split, extents, hot if topology == "disk" else 0,
+                           split.hot_bits if split is not None and topology == "disk" else None)
     finally:
         if probe is not None:
             probe.close()
@@ -862,7 +865,7 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
     if plan.prefetch < cfg.prefetch:
         log.info("prefetch depth %d -> %d to fit the batches in flight into the budget",
                  cfg.prefetch, plan.prefetch)
-    graph, readers = _topology(cfg, mp.topology, ds, job, topology, mp.hot_topology)
+    graph, readers = _topology(cfg, mp.topology, ds, job, topology, mp.hot_topology, mp.hot_bits)
     labels = ds.labels if ds.has("labels") else np.zeros(ds.num_nodes, dtype=np.int32)
     feats: "DiskRows | NoFeatures" = NoFeatures(ds.num_nodes)
     if has_feats:

@@ -218,3 +218,23 @@ def test_hot_lists_shared_through_the_allocator(tmp_path: Path) -> None:
     assert h.node_ids().tolist() == [0, 1, 2, 4, 5]
     assert h.nbytes == sum(a.nbytes for a in made.values())
     r.close()
+
+
+def test_build_from_a_given_bitmap_skips_the_scoring_pass(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The budget split's bitmap (``select`` for the same size and fanout) builds the same hot set
+    without scoring the lists again."""
+    indptr, indices, arr = _small(tmp_path)
+    r = NeighborReader(arr, indptr)
+    ref = HotLists.build(r, 120, fanout=2)
+    bits = HotLists.select(indptr, HotLists.scores(arr, indptr, 2), 120, arr.dtype.itemsize)
+
+    def no_scoring(*a: object, **k: object) -> None:
+        raise AssertionError("scored again")
+
+    monkeypatch.setattr(HotLists, "scores", staticmethod(no_scoring))
+    got = HotLists.build(r, 120, fanout=2, bits=bits)
+    assert got.num_nodes == ref.num_nodes > 0
+    for a, b in ((got.bits, ref.bits), (got.ptr, ref.ptr), (got.ids, ref.ids), (got.rank, ref.rank)):
+        assert np.array_equal(a, b)
+    r.close()
