@@ -429,9 +429,11 @@ def build_csc_streaming(source: EdgeSource, num_nodes: int, out_indices: object,
     idx_dtype = kg.index_dtype_for(n if index_nodes is None else int(index_nodes))
     isz = idx_dtype.itemsize
     has_w = source.has_weight
-    if memory_budget < 20 * n:  # refused before the counting pass, not after it
+    # degree array and its prefix sum while planning (16 B/node, rounded up to 20)
+    node_bytes = 8 * n * 2 + 4 * n
+    if memory_budget < node_bytes:  # refused before the counting pass, not after it
         raise ValueError(f"--memory-budget {memory_budget:,} bytes is too small for {n:,} nodes: "
-                         f"the degree arrays alone need {20 * n:,} bytes")
+                         f"the degree arrays alone need {node_bytes:,} bytes")
     # ---- pass A: in-degrees
     deg = np.zeros(n, dtype=np.int64)
     total = 0
@@ -451,9 +453,9 @@ def build_csc_streaming(source: EdgeSource, num_nodes: int, out_indices: object,
     bar.close()
     t_count = time.perf_counter() - t0
     # ---- plan
-    # degree array and its prefix sum while planning (16 B/node, rounded up to 20), the chunk being
-    # processed with its bucket ids and scattered copy, 2 prefetched chunks
-    fixed = 8 * n * 2 + 4 * n + max_chunk * (4 * 8 + 2 * isz + (12 if has_w else 0))
+    # the node arrays, the chunk being processed with its bucket ids and scattered copy, 2
+    # prefetched chunks
+    fixed = node_bytes + max_chunk * (4 * 8 + 2 * isz + (12 if has_w else 0))
     per_edge = 3 * isz + (12 if has_w else 0)
     avail = memory_budget - fixed
     if total and avail < per_edge:

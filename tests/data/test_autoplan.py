@@ -48,6 +48,19 @@ def _dense(tmp_path: Path) -> Path:
                                "dense", partition_offsets=contiguous_partitions(2000, 8))
 
 
+def _smallest_budget(path: Path, accept, **kw: object):
+    """``(budget, plan)`` of the smallest budget in 200 kB .. 8 MB (100 kB steps) that plans and whose
+    plan ``accept`` takes, or ``(None, None)``."""
+    for b in range(200_000, 8_000_000, 100_000):
+        try:
+            mp = _plan(path, memory_budget=str(b), **kw)
+        except ValueError:
+            continue
+        if accept(mp):
+            return b, mp
+    return None, None
+
+
 # ------------------------------------------------------------------------------------------ probe
 def test_probe_extents_of_a_two_hub_graph(tmp_path: Path) -> None:
     """Every node's in-neighbours are the hubs 0 and 1 (0 <- 1, 1 <- 0): a batch of 4 seeds reaches
@@ -122,14 +135,7 @@ def test_disk_topology_when_memory_cannot_hold_it(tmp_path: Path) -> None:
     topology in memory does not fit, and ``auto`` chooses disk."""
     path = _dense(tmp_path)
     kw = dict(mode="exact", fanouts=[3, 3], batch_size=16, eval_batch_size=16, eval_fanouts=[3, 3])
-    budget = None
-    for b in range(200_000, 8_000_000, 100_000):
-        try:
-            _plan(path, topology="disk", memory_budget=str(b), **kw)
-        except ValueError:
-            continue
-        budget = b
-        break
+    budget, _ = _smallest_budget(path, lambda mp: True, topology="disk", **kw)
     assert budget is not None
     with pytest.raises(ValueError, match="too small"):
         _plan(path, topology="memory", memory_budget=str(budget), **kw)
@@ -162,15 +168,7 @@ def test_auto_topology_trains_the_same_batches(tmp_path: Path) -> None:
     of the topology in memory without a budget."""
     path = _dense(tmp_path)
     kw = dict(mode="exact", fanouts=[3, 3], batch_size=64, eval_batch_size=64, eval_fanouts=[3, 3])
-    budget = None
-    for b in range(200_000, 8_000_000, 100_000):
-        try:
-            mp = _plan(path, memory_budget=str(b), **kw)
-        except ValueError:
-            continue
-        if mp.topology == "disk":
-            budget = b
-            break
+    budget, _ = _smallest_budget(path, lambda mp: mp.topology == "disk", **kw)
     assert budget is not None
     a = train(_cfg(path, output_dir=str(tmp_path / "auto"), memory_budget=str(budget), **kw))
     b = train(_cfg(path, output_dir=str(tmp_path / "mem"), topology="memory", **kw))
@@ -262,16 +260,8 @@ def test_auto_hot_topology_where_list_reads_dominate(tmp_path: Path) -> None:
     run builds that hot set, serves lists from it and trains the batches of the topology in memory."""
     path = _dense(tmp_path)
     kw = dict(mode="exact", fanouts=[3, 3], batch_size=64, eval_batch_size=64, eval_fanouts=[3, 3])
-    chosen = None
-    for b in range(200_000, 8_000_000, 100_000):
-        try:
-            mp = _plan(path, memory_budget=str(b), **kw)
-        except ValueError:
-            continue
-        if mp.topology == "disk" and mp.hot_topology:
-            chosen = (b, mp)
-            break
-    assert chosen is not None
+    chosen = _smallest_budget(path, lambda mp: mp.topology == "disk" and mp.hot_topology, **kw)
+    assert chosen[0] is not None
     budget, mp = chosen
     costs = {lab: c for lab, c, _ in mp.split.candidates if c is not None}
     cold = costs["topology disk"]
