@@ -480,9 +480,9 @@ def run_scale(cfg: ScaleConfig, workdir: str | Path, results: str | Path | None 
             else:
                 shutil.rmtree(run, ignore_errors=True)
                 cmd = _train_cmd(cfg, ds, mode, run)
-            # a marker, so that a run killed with this orchestrator is resumed next time
-            started = prev.get("started_unix") if segments else None
-            rec["stages"][st] = {"date": date, "started_unix": started or time.time(),
+            # a marker, so that a run killed with this orchestrator is resumed next time (its
+            # start is this segment's: an interrupted segment is timed from it)
+            rec["stages"][st] = {"date": date, "started_unix": time.time(),
                                  "segments": segments, "returncode": None}
             save()
         dropped = drop_caches() if drop and st.startswith("train") else False
