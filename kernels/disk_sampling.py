@@ -115,6 +115,44 @@ def sample_blocks_lists(fetch: Callable[[np.ndarray], tuple[np.ndarray, np.ndarr
         return _sample_lists(fetch, num_nodes, useeds, positions, fo, key, replace)
 
 
+#: ids of neighbour lists fetched together for the last hop (its lists are not kept): the lists a
+#: batch holds at once are its inner hops' plus about this many (16 MiB of int32 ids).
+LAST_HOP_PIECE_IDS = 1 << 22
+
+
+def _last_hop(fetch, lptr: np.ndarray, lids: np.ndarray | None, nodes: np.ndarray, fetched: int,
+              n_dst: int, fanout: int, replace: bool, hop_key: np.uint64
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """``sample_hop_lists`` of ``nodes[:n_dst]`` where the lists of ``nodes[:fetched]`` are kept
+    (``lptr``, ``lids``) and those of ``nodes[fetched:n_dst]`` are fetched in pieces of about
+    :data:`LAST_HOP_PIECE_IDS` ids (the node count of the next piece scaled by the ids per node
+    seen so far) and dropped once drawn from.  Every node's draws depend only on its list and
+    ``(hop_key, node)``, so the result equals one call over all lists."""
+    ptrs, nbrs, drawn = [], [], 0
+    if fetched:
+        p, nb = sample_hop_lists(lptr, lids, nodes[:fetched], fanout, replace, hop_key)
+        ptrs.append(p[1:])
+        nbrs.append(nb)
+        drawn = nb.shape[0]
+    seen_nodes, seen_ids = fetched, int(lptr[-1])  # ids per node so far: the first piece's size
+    a = fetched
+    take = max(1, int(LAST_HOP_PIECE_IDS * seen_nodes / seen_ids)) if seen_ids else 4096
+    while a < n_dst:
+        b = min(n_dst, a + take)
+        p, ids = fetch(nodes[a:b])
+        q, nb = sample_hop_lists(p, ids, nodes[a:b], fanout, replace, hop_key)
+        del ids
+        ptrs.append(q[1:] + drawn)
+        nbrs.append(nb)
+        drawn += nb.shape[0]
+        seen_nodes += b - a
+        seen_ids += int(p[-1])
+        take = max(1, int(LAST_HOP_PIECE_IDS * seen_nodes / max(seen_ids, 1)))
+        a = b
+    ptr = np.concatenate([np.zeros(1, dtype=np.int64)] + ptrs)
+    return ptr, (np.concatenate(nbrs) if nbrs else np.empty(0, dtype=np.int64))
+
+
 def _sample_lists(fetch, num_nodes, useeds, positions, fanouts, key, replace) -> SampledSubgraph:
     n0 = useeds.shape[0]
     dense = num_nodes <= _DENSE_MAX_NODES
@@ -131,18 +169,24 @@ def _sample_lists(fetch, num_nodes, useeds, positions, fanouts, key, replace) ->
     count = n0
     sizes = [n0]
     lptr = np.zeros(1, dtype=np.int64)
-    lids = np.empty(0, dtype=np.int64)
+    lids: np.ndarray | None = None  # the kept lists, in the fetched dtype
     fetched = 0
     parts = []
     for h, f in enumerate(fanouts):
         n_dst = count
-        if n_dst > fetched:  # lists of the nodes discovered since the last fetch
-            p, ids = fetch(nodes[fetched:n_dst])
-            lptr = np.concatenate([lptr, lptr[-1] + p[1:]])
-            lids = np.concatenate([lids, ids.astype(np.int64, copy=False)])
-            fetched = n_dst
         hop_key = np.uint64(mix_key(np.uint64(key), h))
-        ptr, nbrs = sample_hop_lists(lptr, lids, nodes[:n_dst], int(f), bool(replace), hop_key)
+        if h + 1 < len(fanouts) or n_dst == fetched:
+            if n_dst > fetched:  # lists of the nodes discovered since the last fetch, kept
+                p, ids = fetch(nodes[fetched:n_dst])
+                lptr = np.concatenate([lptr, lptr[-1] + p[1:]])
+                lids = ids if lids is None else np.concatenate([lids, ids.astype(lids.dtype)])
+                fetched = n_dst
+            if lids is None:
+                lids = np.empty(0, dtype=np.int64)
+            ptr, nbrs = sample_hop_lists(lptr, lids, nodes[:n_dst], int(f), bool(replace), hop_key)
+        else:  # the last hop: its new lists are used once, fetched and sampled piece by piece
+            ptr, nbrs = _last_hop(fetch, lptr, lids, nodes, fetched, n_dst, int(f), bool(replace),
+                                  hop_key)
         m = nbrs.shape[0]
         if nodes.shape[0] < count + m:
             grown = np.empty(max(count + m, 2 * nodes.shape[0]), dtype=np.int64)

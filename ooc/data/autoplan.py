@@ -127,6 +127,10 @@ class Extents:
     #: batches holds about this much per batch); 0: not probed, use the largest
     train_mean: tuple[int, int] = (0, 0)
     eval_mean: tuple[int, int] = (0, 0)
+    #: bytes of neighbour lists one batch holds while it is sampled over lists read from disk
+    #: (its inner hops' lists, kept, and the largest piece of the last hop's; largest probed
+    #: training or evaluation batch times :data:`EXTENT_MARGIN`); 0: not probed
+    list_bytes: int = 0
 
     def per_window_batch(self, train: bool) -> tuple[int, int]:
         """``(rows, edges)`` to plan per batch of a read-ahead window: the mean where probed,
@@ -201,11 +205,24 @@ class ListProbe:
         self.n = ds.num_nodes
         self.reader = NeighborReader(ds.raw("indices"), indptr, direct=direct)
         self.indptr = indptr
+        self.held_bytes = 0
 
     def sample(self, seeds: np.ndarray, fanouts: list[int], key: int,
                replace: bool) -> SampledSubgraph:
-        """:func:`sample_blocks_lists` of ``seeds`` over the lists read from disk."""
-        return sample_blocks_lists(self.reader.read, self.n, seeds, fanouts, np.uint64(key), replace)
+        """:func:`sample_blocks_lists` of ``seeds`` over the lists read from disk;
+        :attr:`held_bytes` is then the most list bytes the sample held at once (an upper bound:
+        one fetch per inner hop, kept, then the last hop's pieces one at a time)."""
+        sizes: list[int] = []
+
+        def fetch(nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            ptr, ids = self.reader.read(nodes)
+            sizes.append(ids.nbytes + ptr.nbytes)
+            return ptr, ids
+
+        sg = sample_blocks_lists(fetch, self.n, seeds, fanouts, np.uint64(key), replace)
+        inner = max(len(fanouts) - 1, 0)
+        self.held_bytes = sum(sizes[:inner]) + max(sizes[inner:], default=0)
+        return sg
 
     def close(self) -> None:
         self.reader.close()
@@ -248,11 +265,13 @@ def probe_extents(cfg: "TrainConfig", ds: Dataset, probe: "ListProbe | None" = N
                 sg = probe.sample(plan.batches[i], fanouts, batch_key(cfg.seed, salt, i), cfg.replace)
                 rows.append(int(sg.nodes.shape[0]))
                 edges.append(sum(int(b.indices.shape[0]) for b in sg.blocks))
+                held[0] = max(held[0], int(probe.held_bytes * EXTENT_MARGIN))
             mean = (min(bound[0], int(np.mean(rows) * EXTENT_MARGIN) + 1),
                     min(bound[1], int(np.mean(edges) * EXTENT_MARGIN) + 1))
             return (min(bound[0], int(max(rows) * EXTENT_MARGIN) + 1),
                     min(bound[1], int(max(edges) * EXTENT_MARGIN) + 1), True, mean)
 
+        held = [0]
         tr, te, pt, tm = measure(ds.split("train"), cfg.batch_size, fo, tb, 0)
         if eb[0] <= PROBE_EVAL_MAX_ROWS:
             ev_ids = ds.split("valid")
@@ -261,7 +280,7 @@ def probe_extents(cfg: "TrainConfig", ds: Dataset, probe: "ListProbe | None" = N
             er, ee, pe, em = measure(ev_ids, cfg.eval_batch_size, efo, eb, 1)
         else:
             er, ee, pe, em = (*eb, False, (0, 0))
-        return Extents(tr, te, er, ee, pt, pe, tm, em)
+        return Extents(tr, te, er, ee, pt, pe, tm, em, held[0])
     finally:
         if own:
             probe.close()

@@ -173,7 +173,8 @@ class BudgetPlan:
         cache: feature cache bytes; cache_rows: its capacity in rows.
         group: COMET logical partition size.
         scratch: buffers kept between batches: the sampler's per-thread workspace (training and
-            evaluation threads).
+            evaluation threads); with the topology on disk, the neighbour lists a batch holds
+            while it is sampled (probed, :attr:`ooc.data.autoplan.Extents.list_bytes`).
         compressed: PQ codes and centroids of every node (``--miss-features pq``).
         embedding: a learnable node-embedding table kept in host memory (``--embedding D`` on
             CPU): weights, gradient and optimiser state, per rank (each holds its replica).
@@ -352,6 +353,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
     # miss reads' request staging (at most (io_depth + 8) x MISS_RUN_BYTES, 5 MiB by default) is
     # a fixed cost, part of the stated runtime overhead
     scratch = 2 * workspace_bytes(n)
+    if topology == "disk" and extents is not None:  # a batch's lists while it is sampled
+        scratch += int(extents.list_bytes)
     window = 0
     if lookahead and cache_policy in LOOKAHEAD_POLICIES:
         from ooc.data.lookahead import lookahead_bytes

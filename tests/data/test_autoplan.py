@@ -80,6 +80,30 @@ def test_probe_extents_of_a_two_hub_graph(tmp_path: Path) -> None:
     assert ext.train_rows == int(6 * EXTENT_MARGIN) + 1
     assert ext.train_edges == int(18 * EXTENT_MARGIN) + 1
     assert ext.eval_rows == n  # the bound: at most every node
+    # lists held while sampling: the first hop's (4 seeds, <= 2 ids each, 5 offsets), kept, and
+    # the last hop's (the 2 hubs, 1 id each, 3 offsets)
+    isz = Dataset(ds_path).raw("indices").dtype.itemsize
+    assert int((4 * isz + 40 + 2 * isz + 24) * EXTENT_MARGIN) <= ext.list_bytes
+    assert ext.list_bytes <= int((8 * isz + 40 + 2 * isz + 24) * EXTENT_MARGIN)
+
+
+def test_disk_topology_budget_counts_the_lists_a_batch_holds(planted_dataset: Path) -> None:
+    """With the topology on disk the sampler scratch holds the probed lists of a batch; with the
+    topology in memory it does not."""
+    from ooc.data.budget import plan_budget
+    cfg = _cfg(planted_dataset)
+    ds = Dataset(planted_dataset)
+    try:
+        ext = probe_extents(cfg, ds)
+        off = partition_offsets(cfg, ds)
+        def plan(topology: str):
+            return plan_budget("hybrid", None, ds, off, topology, 64, [5, 5], 1, 16, 2, None,
+                               "sieve", "sequential", extents=ext)
+        disk, mem = plan("disk"), plan("memory")
+    finally:
+        ds.close()
+    assert ext.list_bytes > 0
+    assert disk.scratch - mem.scratch == ext.list_bytes
 
 
 def test_cache_estimate_follows_ches_approximation() -> None:
