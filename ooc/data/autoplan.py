@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -132,6 +132,14 @@ class Extents:
     #: training or evaluation batch times :data:`EXTENT_MARGIN`); 0: not probed
     list_bytes: int = 0
 
+    def record(self) -> dict:
+        """Plain values for a checkpoint (:meth:`from_record` restores them)."""
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_record(cls, rec: dict) -> "Extents":
+        return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in rec.items()})
+
     def per_window_batch(self, train: bool) -> tuple[int, int]:
         """``(rows, edges)`` to plan per batch of a read-ahead window: the mean where probed,
         else the largest."""
@@ -166,6 +174,8 @@ class SplitChoice:
     probe_s: float = 0.0
     hot_topology: int = 0
     hot_bits: np.ndarray | None = None
+    #: an interrupted run's choice, taken from its checkpoint (:meth:`record`), not probed again
+    reused: bool = False
 
     def describe(self) -> str:
         """One line: what stays in memory and the predicted reads."""
@@ -181,9 +191,25 @@ class SplitChoice:
             parts.append(f"PQ codes {format_bytes(p.compressed)}")
         if p.read_ahead:
             parts.append(f"read-ahead {p.read_ahead} batches {format_bytes(p.read_ahead_bytes)}")
+        how = "the interrupted run's choice, not probed again" if self.reused else \
+            f"{len(self.candidates)} splits compared, probe {self.probe_s:.1f} s"
         return (", ".join(parts) + f"; predicted read per epoch {format_bytes(int(self.predicted.bytes))}"
-                f" in {int(self.predicted.requests):,} requests ({len(self.candidates)} splits "
-                f"compared, probe {self.probe_s:.1f} s)")
+                f" in {int(self.predicted.requests):,} requests ({how})")
+
+    def record(self) -> dict:
+        """The choice as plain values and a tensor (a checkpoint's ``weights_only`` content): what
+        :func:`ooc.data.path.plan_machine` needs to plan it again without probing."""
+        import torch
+        bits = None if self.hot_bits is None else torch.from_numpy(self.hot_bits.view(np.int64).copy())
+        return {"topology": self.topology, "pq": bool(self.pq), "cache_size": self.cache_size,
+                "hot_topology": int(self.hot_topology), "hot_bits": bits,
+                "predicted": [float(self.predicted.bytes), float(self.predicted.requests)]}
+
+    @staticmethod
+    def bits_of(record: dict) -> np.ndarray | None:
+        """The uint64 hot-list bitmap of a :meth:`record` (None: no hot lists)."""
+        b = record.get("hot_bits")
+        return None if b is None else b.numpy().view(np.uint64).copy()
 
     def as_dict(self) -> dict:
         return {"topology": self.topology, "hot_topology_bytes": self.hot_topology,

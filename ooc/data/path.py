@@ -40,8 +40,8 @@ import torch
 
 from ooc.config import read_ahead_batches
 from ooc.contracts import Batch, EdgePairs, Graph, Job, Plan, SingleProcess
-from ooc.data.autoplan import (AUTO_HOT_SHARES, Extents, ListProbe, SplitChoice, choose_split,
-                               probe_extents)
+from ooc.data.autoplan import (AUTO_HOT_SHARES, Extents, ListProbe, ReadCost, SplitChoice,
+                               choose_split, probe_extents)
 from ooc.data.budget import (BudgetPlan, RssMonitor, mmap_threshold_for, plan_budget,
                              release_free_memory, tune_allocator)
 from ooc.data.buffer import BufferManager, make_buffer
@@ -130,6 +130,8 @@ class DataPath:
         self.shared_bytes = 0  # shared-memory segments of this machine (set by build_data_path)
         self.topology = cfg.topology  # resolved by build_data_path (--topology auto)
         self.split: SplitChoice | None = None
+        #: the probed extents and split, for a checkpoint (set by build_data_path; None: none)
+        self.plan_record: dict | None = None
         self.lookahead: Lookahead | None = None
         if self.cache is not None and self.cache.lookahead:  # --cache-policy belady (exact mode)
             self.lookahead = Lookahead(self._sample_step, self.cache, cfg.lookahead, graph.num_nodes)
@@ -674,6 +676,16 @@ class MachinePlan:
             the split for ``--hot-topology auto``; 0: none); hot_bits: the split's bitmap of them.
     """
 
+    @property
+    def record(self) -> dict | None:
+        """What a resumed run needs to plan this again without probing (``plan_machine(reuse=)``):
+        the probed extents and the split's choice, plain values and tensors (None: nothing was
+        probed)."""
+        if self.extents is None:
+            return None
+        return {"extents": self.extents.record(),
+                "split": self.split.record() if self.split is not None else None}
+
     plan: BudgetPlan
     pq_bytes: int
     replan: Callable[[], BudgetPlan]
@@ -709,7 +721,7 @@ def _disk_topology_allowed(cfg: "TrainConfig", task: str, topology_edges: int | 
 
 def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_world: int = 1,
                  device_type: str = "cpu", task: str = "node", topology_edges: int | None = None,
-                 task_bytes: int | None = None) -> MachinePlan:
+                 task_bytes: int | None = None, reuse: dict | None = None) -> MachinePlan:
     """The budget plan of one machine running ``local_world`` ranks of ``cfg`` on ``device_type``
     devices.  The launcher of a data-parallel job calls it before starting any process (a budget
     too small is refused there, with its reason); every rank calls it again (the probe is keyed by
@@ -723,6 +735,10 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
 
     ``task_bytes``: host memory of the task's own arrays per rank (link prediction's split; default
     for ``link``: 16 B per stored edge, a graph stored in both directions).
+
+    ``reuse``: an interrupted run's :attr:`MachinePlan.record` (from its checkpoint): its probed
+    extents and split are planned again as they were, without probing (the probe is keyed by the
+    seed, so it would choose them again; at 100 M nodes it reads ~10 GB of lists).
 
     Raises:
         ValueError: a budget that cannot hold the mode's minimum (naming every part).
@@ -750,9 +766,14 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
                  format_bytes(embedding_bytes(ds.num_nodes, cfg.embedding, cfg.optimizer)),
                  cfg.optimizer)
     # one list sampler for the probes of the batch extents and of the split
-    probe = ListProbe(ds, ds.indptr, cfg.direct_io) if budget_bytes is not None else None
+    reuse = reuse if budget_bytes is not None else None
+    probe = ListProbe(ds, ds.indptr, cfg.direct_io) \
+        if budget_bytes is not None and reuse is None else None
     try:
-        extents = probe_extents(cfg, ds, probe) if probe is not None else None
+        if reuse is not None:
+            extents: Extents | None = Extents.from_record(reuse["extents"])
+        else:
+            extents = probe_extents(cfg, ds, probe) if probe is not None else None
         kw: dict[str, Any] = dict(local_world=local_world, share=cfg.shared_buffer,
                                   per_rank_extra=host_cache + int(task_bytes),
                                   min_state=2 if task == "link" else 1,
@@ -793,7 +814,14 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
         if auto_hot and budget_bytes is not None and "disk" in topologies and ds.num_edges:
             hots = [0] + [int(whole * f) for f in AUTO_HOT_SHARES]
         split = None
-        if len(topologies) * len(pqs) * len(fractions) * len(hots) == 1:
+        chosen = reuse.get("split") if reuse is not None else None
+        if chosen is not None:  # the interrupted run's split, planned again
+            topology, pq, size = chosen["topology"], bool(chosen["pq"]), chosen["cache_size"]
+            hot = int(chosen["hot_topology"])
+            plan = plan_with(topology, pq, size, hot)
+            split = SplitChoice(topology, pq, size, plan, ReadCost(*chosen["predicted"]),
+                                hot_topology=hot, hot_bits=SplitChoice.bits_of(chosen), reused=True)
+        elif len(topologies) * len(pqs) * len(fractions) * len(hots) == 1:
             topology, pq, size = topologies[0], pqs[0], None
             plan = plan_with(topology, pq, None)
         else:
@@ -821,7 +849,8 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
 def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
                     rss: RssMonitor | None = None, task: str = "node",
                     topology: tuple[np.ndarray, np.ndarray] | None = None,
-                    train_ids: np.ndarray | None = None, task_bytes: int | None = None) -> DataPath:
+                    train_ids: np.ndarray | None = None, task_bytes: int | None = None,
+                    reuse: dict | None = None) -> DataPath:
     """Build the data path of ``cfg`` under ``cfg.memory_budget`` (the one factory; every rank of
     a job calls it at the same point).
 
@@ -834,6 +863,8 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
             training graph).
         train_ids: the training nodes (GraphSAINT's roots; default the dataset's ``train`` split).
         task_bytes: host memory of the task's own arrays per rank (see :func:`plan_machine`).
+        reuse: a resumed run's plan record (:attr:`DataPath.plan_record` of the interrupted run,
+            from its checkpoint): planned again without probing.
 
     Raises:
         ValueError: bad options, or a budget that cannot hold the mode's minimum.
@@ -847,7 +878,8 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
         _check_featureless(cfg, ds)
     offsets = partition_offsets(cfg, ds)
     mp = plan_machine(cfg, ds, offsets, job.local_world_size, job.device.type, task,
-                      int(topology[1].shape[0]) if topology is not None else None, task_bytes)
+                      int(topology[1].shape[0]) if topology is not None else None, task_bytes,
+                      reuse=reuse)
     plan, pq_need, replan = mp.plan, mp.pq_bytes, mp.replan
     if mp.split is not None:
         log.info("budget split: %s", mp.split.describe())
@@ -909,6 +941,7 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
              f" for {job.local_world_size} local ranks" if job.local_world_size > 1 else "")
     data = DataPath(cfg, ds, job, graph, labels, offsets, plan, buffer, misses, sampler, readers, rss)
     data.topology, data.split = mp.topology, mp.split
+    data.plan_record = mp.record
     if plan.read_ahead and task == "node" and has_feats:  # (none planned when all is resident)
         data.readahead = ReadAhead(data._sample_step, misses, plan.read_ahead, data._missing_rows)
     if job.local_world_size > 1:  # what the machine's ranks hold once

@@ -204,7 +204,7 @@ class LinkTask:
     metric = "mrr"
 
     def __init__(self, cfg: TrainConfig, ds: Dataset, job: Job | None = None,
-                 rss: RssMonitor | None = None) -> None:
+                 rss: RssMonitor | None = None, reuse: dict | None = None) -> None:
         self.cfg, self.ds = cfg, ds
         self.job = job or SingleProcess()
         n = ds.num_nodes
@@ -215,7 +215,8 @@ class LinkTask:
         sp = self.split
         self.data = build_data_path(cfg, ds, self.job, rss, task="link", topology=topo,
                                     task_bytes=split_bytes(sp.train.shape[0] + sp.valid.shape[0]
-                                                           + sp.test.shape[0]))
+                                                           + sp.test.shape[0]),
+                                    reuse=reuse)
         tr = self.split.train
         self.part_src = self.data.part_of(tr[:, 0])
         self.part_dst = self.data.part_of(tr[:, 1])

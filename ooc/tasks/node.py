@@ -165,7 +165,7 @@ class NodeTask:
     test_key = "test_acc"
 
     def __init__(self, cfg: TrainConfig, ds: Dataset, job: Job | None = None,
-                 rss: RssMonitor | None = None) -> None:
+                 rss: RssMonitor | None = None, reuse: dict | None = None) -> None:
         self.cfg, self.ds = cfg, ds
         self.job = job or SingleProcess()
         labels = ds.labels
@@ -182,7 +182,8 @@ class NodeTask:
         self.val_ids, self.test_ids = ds.split("valid"), ds.split("test")
         if self.job.world_size > 1:
             self._check_copies()
-        self.data = build_data_path(cfg, ds, self.job, rss, task="node", train_ids=train_ids)
+        self.data = build_data_path(cfg, ds, self.job, rss, task="node", train_ids=train_ids,
+                                    reuse=reuse)
         self.out_dim = int(labels.shape[1]) if self.multilabel else \
             int(ds.num_classes or int(labels.max()) + 1)
         self.loss_fn: nn.Module = nn.BCEWithLogitsLoss() if self.multilabel else nn.CrossEntropyLoss()

@@ -101,19 +101,19 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
-def make_task(cfg: TrainConfig, ds: Dataset, job: Job | None = None, rss: RssMonitor | None = None
-              ) -> Task:
+def make_task(cfg: TrainConfig, ds: Dataset, job: Job | None = None, rss: RssMonitor | None = None,
+              reuse: dict | None = None) -> Task:
     """The task of ``cfg.task`` (``node`` or ``link``) on its data path, for this rank of ``job``
-    (default: one process).
+    (default: one process); ``reuse``: a resumed run's plan record (``build_data_path``).
 
     Raises:
         ValueError: a combination of options that cannot work, saying why.
     """
     if cfg.task == "link":
         from ooc.tasks.link import LinkTask
-        return LinkTask(cfg, ds, job, rss)
+        return LinkTask(cfg, ds, job, rss, reuse)
     from ooc.tasks.node import NodeTask
-    return NodeTask(cfg, ds, job, rss)
+    return NodeTask(cfg, ds, job, rss, reuse)
 
 
 def make_model(cfg: TrainConfig, in_dim: int, out_dim: int, num_nodes: int = 0) -> torch.nn.Module:
@@ -258,6 +258,23 @@ RESUMABLE_CHANGES = frozenset({
     "topology", "hot_topology", "verify"})
 
 
+#: Resumable options the budget split is planned from: a resumed run that changes none of them
+#: plans the interrupted run's probed extents and split again instead of probing.
+PLAN_INPUTS = ("topology", "hot_topology", "prefetch", "eval_batch_size", "eval_fanouts",
+               "buffer_partitions", "lookahead", "read_ahead")
+
+
+def _plan_to_reuse(ckpt: dict | None, cfg: TrainConfig) -> dict | None:
+    """The checkpoint's plan record (``build_data_path(reuse=)``) when the resumed run plans from the
+    same options, else None (probed again)."""
+    if ckpt is None or ckpt.get("plan") is None:
+        return None
+    saved, now = ckpt.get("config", {}), cfg.to_dict()
+    if any(saved.get(k) != now.get(k) for k in PLAN_INPUTS):
+        return None
+    return ckpt["plan"]
+
+
 def _check_resume_config(saved: dict, now: dict) -> None:
     """Raise ValueError when ``now`` changes an option a resumed run must keep."""
     diff = [k for k in now if k in saved and k not in RESUMABLE_CHANGES and saved[k] != now[k]]
@@ -353,7 +370,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
     amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
 
     ds = Dataset(cfg.dataset)
-    task = make_task(cfg, ds, job, rss)
+    task = make_task(cfg, ds, job, rss, _plan_to_reuse(ckpt, cfg))
     model = make_model(cfg, ds.feat_dim, task.out_dim, ds.num_nodes)
     task.prepare_model(model)
     model.to(device)
@@ -414,7 +431,8 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
             "scheduler": sched.state_dict() if sched is not None else None,
             "scaler": scaler.state_dict() if scaler is not None else None, "rng": rng_state(),
             "state": dict(st.as_dict(), elapsed_s=st.elapsed_s + time.perf_counter() - t_start),
-            "config": cfg.to_dict(), "job": layout, "states": states}, ckpt_path)
+            "config": cfg.to_dict(), "job": layout, "states": states, "plan": data.plan_record},
+            ckpt_path)
 
     steps_per_epoch = task.steps_per_epoch
     bar = progress_bar(total=cfg.epochs * steps_per_epoch, initial=st.global_step, enabled=cfg.progress,

@@ -17,7 +17,8 @@ from ooc.tools.cli import main
 from ooc.training.loop import Interrupted, train
 
 TIMING = ("time", "_s", "per_s", "io_wait", "load_s", "bytes_read", "partition_loads", "row_hits",
-          "row_misses", "buffer_hit_ratio", "bandwidth", "rss", "swaps", "cache_", "bytes")
+          "row_misses", "buffer_hit_ratio", "bandwidth", "rss", "swaps", "cache_", "bytes",
+          "topology_", "read_ahead_")  # I/O counters of the run (a resumed one counts from its start)
 
 
 def _cfg(ds: Path, out: Path, **kw: object) -> TrainConfig:
@@ -164,3 +165,36 @@ def test_resume_refuses_other_buffer_states(planted_dataset: Path, tmp_path: Pat
     err = capsys.readouterr().err
     assert "buffer states of 3 resident partitions" in err and "plan 1" in err
     assert main(["train", "--resume", str(run), "--epochs", "2", "--no-progress"]) == 0
+
+
+def test_resume_plans_the_interrupted_split_without_probing(planted_dataset: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a budget with --topology auto (lists on disk or not) and --hot-topology auto, the
+    checkpoint holds the probed extents and the split; the resumed run plans them again without
+    probing (no list sampled for the probe, no split compared), chooses the same split and ends
+    bit-identical.  Changing a planning option at resume (--prefetch) probes again."""
+    import ooc.data.autoplan as autoplan
+    import ooc.data.path as path
+    opts = dict(mode="hybrid", memory_budget="2MB", topology="disk", hot_topology="auto",
+                prefetch=1, epochs=1, checkpoint_every=3)
+    full = train(_cfg(planted_dataset, tmp_path / "full", **opts))
+    part = _cfg(planted_dataset, tmp_path / "part", **opts)
+    with pytest.raises(Interrupted):
+        train(part, stop_after_steps=5)
+    rec = load_checkpoint(tmp_path / "part" / "checkpoint.pt")["plan"]
+    assert rec["extents"]["probed_train"] and rec["extents"]["list_bytes"] > 0
+    assert rec["split"]["topology"] == "disk"
+
+    def no_probe(*a: object, **k: object) -> None:
+        raise AssertionError("probed again")
+    monkeypatch.setattr(path, "probe_extents", no_probe)
+    monkeypatch.setattr(path, "choose_split", no_probe)
+    monkeypatch.setattr(autoplan.ListProbe, "sample", no_probe)
+    resumed = train(_cfg(planted_dataset, tmp_path / "part", **opts), resume=True)
+    assert resumed["resumed"]
+    assert resumed["split"]["hot_topology_bytes"] == full["split"]["hot_topology_bytes"]
+    assert resumed["split"]["slots"] == full["split"]["slots"]
+    _assert_identical(tmp_path / "full", tmp_path / "part", full, resumed)
+    with pytest.raises(AssertionError, match="probed again"):  # another prefetch depth: replanned
+        train(_cfg(planted_dataset, tmp_path / "part", **dict(opts, prefetch=0, epochs=2)),
+              resume=True)
