@@ -125,32 +125,54 @@ def _last_hop(fetch, lptr: np.ndarray, lids: np.ndarray | None, nodes: np.ndarra
               ) -> tuple[np.ndarray, np.ndarray]:
     """``sample_hop_lists`` of ``nodes[:n_dst]`` where the lists of ``nodes[:fetched]`` are kept
     (``lptr``, ``lids``) and those of ``nodes[fetched:n_dst]`` are fetched in pieces of about
-    :data:`LAST_HOP_PIECE_IDS` ids (the node count of the next piece scaled by the ids per node
-    seen so far) and dropped once drawn from.  Every node's draws depend only on its list and
-    ``(hop_key, node)``, so the result equals one call over all lists."""
-    ptrs, nbrs, drawn = [], [], 0
-    if fetched:
-        p, nb = sample_hop_lists(lptr, lids, nodes[:fetched], fanout, replace, hop_key)
-        ptrs.append(p[1:])
-        nbrs.append(nb)
-        drawn = nb.shape[0]
+    :data:`LAST_HOP_PIECE_IDS` ids and dropped once drawn from.  The pieces are runs of the new
+    nodes in id order (file order: together they read the pages one fetch of all would read);
+    the next piece's node count is scaled by the ids per node seen so far.  Every node's draws
+    depend only on its list and ``(hop_key, node)``, so the result equals one call over all
+    lists; the pieces' draws are put back in ``nodes`` order."""
+    ptrs, nbrs = [], []
+    new = nodes[fetched:n_dst]
+    order = np.argsort(new, kind="stable")
+    sorted_new = new[order]
     seen_nodes, seen_ids = fetched, int(lptr[-1])  # ids per node so far: the first piece's size
-    a = fetched
     take = max(1, int(LAST_HOP_PIECE_IDS * seen_nodes / seen_ids)) if seen_ids else 4096
-    while a < n_dst:
-        b = min(n_dst, a + take)
-        p, ids = fetch(nodes[a:b])
-        q, nb = sample_hop_lists(p, ids, nodes[a:b], fanout, replace, hop_key)
+    a, m = 0, sorted_new.shape[0]
+    while a < m:
+        b = min(m, a + take)
+        p, ids = fetch(sorted_new[a:b])
+        q, nb = sample_hop_lists(p, ids, sorted_new[a:b], fanout, replace, hop_key)
         del ids
-        ptrs.append(q[1:] + drawn)
+        ptrs.append(q)
         nbrs.append(nb)
-        drawn += nb.shape[0]
         seen_nodes += b - a
         seen_ids += int(p[-1])
         take = max(1, int(LAST_HOP_PIECE_IDS * seen_nodes / max(seen_ids, 1)))
         a = b
-    ptr = np.concatenate([np.zeros(1, dtype=np.int64)] + ptrs)
-    return ptr, (np.concatenate(nbrs) if nbrs else np.empty(0, dtype=np.int64))
+    # draws per new node in id order, then back in discovery order
+    counts = np.concatenate([np.diff(q) for q in ptrs]) if ptrs else np.zeros(0, dtype=np.int64)
+    flat = np.concatenate(nbrs) if nbrs else np.empty(0, dtype=np.int64)
+    start_sorted = np.zeros(m, dtype=np.int64)
+    if m:
+        np.cumsum(counts[:-1], out=start_sorted[1:])
+    inv = np.empty(m, dtype=np.int64)
+    inv[order] = np.arange(m, dtype=np.int64)
+    k_new = counts[inv]
+    if fetched:
+        p_old, nb_old = sample_hop_lists(lptr, lids, nodes[:fetched], fanout, replace, hop_key)
+    else:
+        p_old, nb_old = np.zeros(1, dtype=np.int64), np.empty(0, dtype=np.int64)
+    ptr = np.empty(n_dst + 1, dtype=np.int64)
+    ptr[:fetched + 1] = p_old
+    np.cumsum(k_new, out=ptr[fetched + 1:])
+    ptr[fetched + 1:] += p_old[-1]
+    total_new = int(k_new.sum())
+    # position j of the new draws (discovery order) comes from start_sorted[inv[i]] + offset
+    rel = np.arange(total_new, dtype=np.int64) - np.repeat(ptr[fetched:n_dst] - p_old[-1], k_new)
+    src = np.repeat(start_sorted[inv], k_new) + rel
+    out = np.empty(int(p_old[-1]) + total_new, dtype=np.int64)
+    out[:p_old[-1]] = nb_old
+    out[p_old[-1]:] = flat[src]
+    return ptr, out
 
 
 def _sample_lists(fetch, num_nodes, useeds, positions, fanouts, key, replace) -> SampledSubgraph:
