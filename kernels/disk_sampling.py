@@ -148,30 +148,24 @@ def _last_hop(fetch, lptr: np.ndarray, lids: np.ndarray | None, nodes: np.ndarra
         seen_ids += int(p[-1])
         take = max(1, int(LAST_HOP_PIECE_IDS * seen_nodes / max(seen_ids, 1)))
         a = b
-    # draws per new node in id order, then back in discovery order
+    # the new nodes' draws, made in id order, placed in discovery order
     counts = np.concatenate([np.diff(q) for q in ptrs]) if ptrs else np.zeros(0, dtype=np.int64)
     flat = np.concatenate(nbrs) if nbrs else np.empty(0, dtype=np.int64)
-    start_sorted = np.zeros(m, dtype=np.int64)
-    if m:
-        np.cumsum(counts[:-1], out=start_sorted[1:])
-    inv = np.empty(m, dtype=np.int64)
-    inv[order] = np.arange(m, dtype=np.int64)
-    k_new = counts[inv]
     if fetched:
         p_old, nb_old = sample_hop_lists(lptr, lids, nodes[:fetched], fanout, replace, hop_key)
     else:
         p_old, nb_old = np.zeros(1, dtype=np.int64), np.empty(0, dtype=np.int64)
+    k_new = np.empty(m, dtype=np.int64)
+    k_new[order] = counts
     ptr = np.empty(n_dst + 1, dtype=np.int64)
     ptr[:fetched + 1] = p_old
     np.cumsum(k_new, out=ptr[fetched + 1:])
     ptr[fetched + 1:] += p_old[-1]
-    total_new = int(k_new.sum())
-    # position j of the new draws (discovery order) comes from start_sorted[inv[i]] + offset
-    rel = np.arange(total_new, dtype=np.int64) - np.repeat(ptr[fetched:n_dst] - p_old[-1], k_new)
-    src = np.repeat(start_sorted[inv], k_new) + rel
-    out = np.empty(int(p_old[-1]) + total_new, dtype=np.int64)
+    out = np.empty(int(ptr[-1]), dtype=np.int64)
     out[:p_old[-1]] = nb_old
-    out[p_old[-1]:] = flat[src]
+    src_start = np.cumsum(counts) - counts  # where each sorted node's draws start in flat
+    dst_start = ptr[fetched + order]  # and where they go
+    out[np.repeat(dst_start - src_start, counts) + np.arange(flat.shape[0])] = flat
     return ptr, out
 
 

@@ -283,6 +283,7 @@ def probe_extents(cfg: "TrainConfig", ds: Dataset, probe: "ListProbe | None" = N
     try:
         def measure(ids: np.ndarray, bs: int, fanouts: list[int], bound: tuple[int, int],
                     salt: int) -> tuple[int, int, bool, tuple[int, int]]:
+            nonlocal held
             if ids.shape[0] == 0 or bs <= 0:
                 return (*bound, False, (0, 0))
             plan = plan_exact(ids, bs, cfg.seed, 0)
@@ -291,13 +292,13 @@ def probe_extents(cfg: "TrainConfig", ds: Dataset, probe: "ListProbe | None" = N
                 sg = probe.sample(plan.batches[i], fanouts, batch_key(cfg.seed, salt, i), cfg.replace)
                 rows.append(int(sg.nodes.shape[0]))
                 edges.append(sum(int(b.indices.shape[0]) for b in sg.blocks))
-                held[0] = max(held[0], int(probe.held_bytes * EXTENT_MARGIN))
+                held = max(held, int(probe.held_bytes * EXTENT_MARGIN))
             mean = (min(bound[0], int(np.mean(rows) * EXTENT_MARGIN) + 1),
                     min(bound[1], int(np.mean(edges) * EXTENT_MARGIN) + 1))
             return (min(bound[0], int(max(rows) * EXTENT_MARGIN) + 1),
                     min(bound[1], int(max(edges) * EXTENT_MARGIN) + 1), True, mean)
 
-        held = [0]
+        held = 0  # the most list bytes a probed batch held (times the margin)
         tr, te, pt, tm = measure(ds.split("train"), cfg.batch_size, fo, tb, 0)
         if eb[0] <= PROBE_EVAL_MAX_ROWS:
             ev_ids = ds.split("valid")
@@ -306,7 +307,7 @@ def probe_extents(cfg: "TrainConfig", ds: Dataset, probe: "ListProbe | None" = N
             er, ee, pe, em = measure(ev_ids, cfg.eval_batch_size, efo, eb, 1)
         else:
             er, ee, pe, em = (*eb, False, (0, 0))
-        return Extents(tr, te, er, ee, pt, pe, tm, em, held[0])
+        return Extents(tr, te, er, ee, pt, pe, tm, em, held)
     finally:
         if own:
             probe.close()
