@@ -1,8 +1,8 @@
 """``ooc bench scale``: the billion-edge pipeline end to end, one measured process per stage.
 
 generate (R-MAT with planted labels, straight into the store) -> partition (streaming Fennel) ->
-train ``hybrid`` (one epoch under a memory budget, then sampled evaluation on the validation and
-test splits) -> train ``buffer`` -> (``--small``: an in-memory ``exact`` run, the accuracy
+(``compress``: PQ codes of every row, when the configuration asks for them) -> train ``hybrid``
+(one epoch under a memory budget, then sampled evaluation on the validation and test splits) -> train ``buffer`` -> (``--small``: an in-memory ``exact`` run, the accuracy
 reference).  Every stage is a fresh ``ooc`` process whose wall time, peak RSS (``ru_maxrss`` from
 ``wait4``), bytes read from storage (``/proc/PID/io`` ``read_bytes``, polled) and system swap
 activity (``/proc/vmstat`` ``pswpin``/``pswpout``) are recorded; the page cache is dropped before
@@ -56,6 +56,9 @@ class ScaleConfig:
             the automatic budget split under ``auto_budget``; ``exact`` runs with
             everything in memory, as the accuracy reference).
         topology: ``--topology`` of the budgeted runs (``disk``: only indptr in memory).
+        compress_subspaces: M of a ``compress`` stage after partitioning (``ooc compress
+            --subspaces M``: M bytes of PQ codes per node, which ``--miss-features auto|pq``
+            trains with); 0: no such stage.
         checkpoint_every: ``--checkpoint-every`` of the training stages (0: none).  With
             checkpoints, a training stage that was interrupted (its process killed, the machine
             lent for a shorter time than the epoch takes) continues with ``ooc train --resume``
@@ -85,6 +88,7 @@ class ScaleConfig:
     auto_budget: str = ""
     seed: int = 0
     checkpoint_every: int = 0
+    compress_subspaces: int = 0
     extra_train_args: list[str] = field(default_factory=list)
 
     @classmethod
@@ -110,12 +114,15 @@ class ScaleConfig:
         dropout (with 0.5 on every layer's input, 172 planted classes of noisy 128-d rows stay at
         the uniform loss ln 172 for the first 120 steps of a 300 K-node graph; with none, test
         accuracy 0.84 after them), a checkpoint every 100 steps (an epoch is longer than many
-        machines are lent for)."""
+        machines are lent for), and 16-byte PQ codes of every row that the split may use for the
+        outermost hop's misses (``--miss-features auto``): with 11 of 128 partitions resident,
+        the rows read from disk were ~70% of a step."""
         n = 111_059_956
         return cls(nodes=n, edges=1_615_685_872, classes=172,
                    splits=(1_207_179 / n, 125_265 / n, 214_338 / n), parts=128,
                    gen_budget="4GB", part_budget="6GB", modes=("auto",), auto_budget="8GB",
-                   checkpoint_every=100, extra_train_args=["--direct-io", "--dropout", "0"])
+                   checkpoint_every=100, compress_subspaces=16,
+                   extra_train_args=["--direct-io", "--dropout", "0", "--miss-features", "auto"])
 
 
 def _read_bytes(pid: int) -> int | None:
@@ -272,7 +279,7 @@ def _train_metrics(run: Path) -> dict:
     keep = ("test_acc", "val_acc", "bytes_read", "buffer_hit_ratio", "cache_hit_ratio", "swaps",
             "row_hits", "row_misses", "peak_rss_bytes", "rss_baseline_bytes", "budget",
             "resident_partitions", "num_parts", "direct_io", "buffer_bytes", "cache_bytes",
-            "topology", "split")
+            "topology", "split", "miss_features")
     out = {k: m[k] for k in keep if k in m}
     for k in ("train_time_s", "eval_time_s", "seeds_per_s", "edges_per_s", "sampled_edges",
               "stall_s", "compute_s", "sample_s", "gather_s", "loss", "train_acc", "steps",
@@ -354,18 +361,20 @@ def run_kill_resume(cfg: ScaleConfig, work: Path, mode: str, kill_step: int, eve
 _GENERATE_FIELDS = ("nodes", "edges", "feat_dim", "classes", "feat_dtype", "splits", "gen_budget",
                     "seed")
 _PARTITION_FIELDS = _GENERATE_FIELDS + ("parts", "part_budget", "edge_buckets")
+_COMPRESS_FIELDS = _PARTITION_FIELDS + ("compress_subspaces",)
 
 
 def _stages_still_valid(old: dict, conf: dict) -> dict:
     """The stages of the record ``old`` that hold for the configuration ``conf`` (see
     ``_GENERATE_FIELDS``): all of them when the configurations are equal, else generate and
-    partition while their fields agree (partition only after a valid generate)."""
+    partition (and compress) while their fields agree (each only after the one before)."""
     conf = json.loads(json.dumps(conf))
     prev, stages = json.loads(json.dumps(old.get("config") or {})), old.get("stages") or {}
     if prev == conf:
         return stages
     keep: dict = {}
-    for st, fields in (("generate", _GENERATE_FIELDS), ("partition", _PARTITION_FIELDS)):
+    for st, fields in (("generate", _GENERATE_FIELDS), ("partition", _PARTITION_FIELDS),
+                       ("compress", _COMPRESS_FIELDS)):
         if st not in stages or any(prev.get(f) != conf.get(f) for f in fields):
             break
         keep[st] = stages[st]
@@ -426,7 +435,8 @@ def run_scale(cfg: ScaleConfig, workdir: str | Path, results: str | Path | None 
                       f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB "
                       f"{platform.machine()}")
     ds = work / "DS"
-    all_stages = ["generate", "partition", *[f"train-{m}" for m in cfg.modes]]
+    all_stages = ["generate", "partition", *(["compress"] if cfg.compress_subspaces else []),
+                  *[f"train-{m}" for m in cfg.modes]]
     if kill_resume:
         all_stages.append(f"resume-{kill_resume[0]}")
     todo = [s for s in all_stages if stages is None or s in stages]
@@ -466,6 +476,9 @@ def run_scale(cfg: ScaleConfig, workdir: str | Path, results: str | Path | None 
                        "--memory-budget", cfg.part_budget, "--seed", str(cfg.seed))
             if not cfg.edge_buckets:
                 cmd.append("--no-edge-buckets")
+        elif st == "compress":
+            cmd = _ooc("compress", str(ds), "--subspaces", str(cfg.compress_subspaces),
+                       "--seed", str(cfg.seed), "--overwrite", "--no-progress")
         segments: list[dict] = []
         log_name = st
         if st.startswith("train-"):
@@ -487,7 +500,7 @@ def run_scale(cfg: ScaleConfig, workdir: str | Path, results: str | Path | None 
             save()
         dropped = drop_caches() if drop and st.startswith("train") else False
         r = run_stage(cmd, work / "logs" / f"{log_name}.log",
-                      disk=ds if st in ("generate", "partition") else None)
+                      disk=ds if st in ("generate", "partition", "compress") else None)
         r["command"] = r["command"].replace(f"{sys.executable} -m ooc.tools.cli", "ooc")
         r.update(date=date, dropped_caches=dropped)
         if st.startswith("train-") and cfg.checkpoint_every:  # figures cover every segment
@@ -500,7 +513,7 @@ def run_scale(cfg: ScaleConfig, workdir: str | Path, results: str | Path | None 
             r["peak_rss_bytes"] = max(x.get("peak_rss_bytes", 0) for x in segments)
             r["read_bytes"] = sum(x.get("read_bytes") or 0 for x in segments)
         if r["returncode"] == 0:
-            if st in ("generate", "partition"):
+            if st in ("generate", "partition", "compress"):
                 r["dataset_bytes"] = _du(ds)
                 info = json.loads(subprocess.run(_ooc("info", str(ds), "--json"), capture_output=True,
                                                  text=True).stdout or "{}")
@@ -509,6 +522,8 @@ def run_scale(cfg: ScaleConfig, workdir: str | Path, results: str | Path | None 
                 r["num_edges"] = man.get("directed_edges")
                 if st == "partition":
                     r["partitioning"] = man.get("partitioning")
+                elif st == "compress":
+                    r["pq"] = man.get("pq")
                 else:
                     r["build"] = man.get("build")
                     r["edges_per_s"] = cfg.edges / r["seconds"]
@@ -539,13 +554,16 @@ def format_table(rec: dict) -> str:
     rows = [("stage", "wall s", "peak RSS GiB", "read GiB", "sys swaps", "notes")]
     for name, r in rec["stages"].items():
         notes = ""
-        if name in ("generate", "partition"):
+        if name in ("generate", "partition", "compress"):
             notes = f"dataset {_gib(r.get('dataset_bytes'))} GiB"
             if name == "generate" and r.get("edges_per_s"):
                 notes += f", {r['edges_per_s'] / 1e6:.2f} M edges/s"
             if name == "partition" and r.get("partitioning"):
                 p = r["partitioning"]
                 notes += f", cut {p.get('cut_fraction', float('nan')):.3f}" if "cut_fraction" in p else ""
+            if name == "compress" and r.get("pq"):
+                notes += (f", {r['pq'].get('bytes_per_node')} B per node, relative error "
+                          f"{r['pq'].get('relative_error', float('nan')):.3f}")
             if r.get("disk_peak_bytes"):
                 notes += (f", disk peak {_gib(r['disk_peak_bytes'])} GiB "
                           f"({r['disk_peak_bytes'] / max(r.get('dataset_bytes') or 1, 1):.2f}x the result)")
@@ -571,7 +589,7 @@ def format_table(rec: dict) -> str:
                          ", not finished (run again to resume)"))
             continue
         rows.append((name, f"{r['seconds']:.1f}", _gib(r["peak_rss_bytes"]), _gib(r.get("read_bytes")),
-                     str(r.get("system_swaps", r.get("swaps", "")) if name in ("generate", "partition")
+                     str(r.get("system_swaps", r.get("swaps", "")) if name in ("generate", "partition", "compress")
                          else r.get("system_swaps", "")),
                      notes))
     w = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -590,7 +608,7 @@ def _cmd_bench_scale(args: argparse.Namespace) -> int:
         if v is not None:
             setattr(cfg, k, _count(v) if isinstance(v, str) else v)
     for k in ("parts", "feat_dim", "classes", "hidden", "batch_size", "buffer_parts", "prefetch",
-              "checkpoint_every"):
+              "checkpoint_every", "compress_subspaces"):
         v = getattr(args, k)
         if v is not None:
             setattr(cfg, k, v)
@@ -602,9 +620,11 @@ def _cmd_bench_scale(args: argparse.Namespace) -> int:
     if args.modes:
         cfg.modes = tuple(args.modes.split(","))
     bad = [m for m in cfg.modes if m not in TRAIN_MODES]
-    if bad or (cfg.checkpoint_every or 0) < 0:
+    if bad or (cfg.checkpoint_every or 0) < 0 or cfg.compress_subspaces < 0:
         why = (f"--modes {args.modes}: {', '.join(bad)} is not one of {', '.join(TRAIN_MODES)}" if bad
-               else f"--checkpoint-every {cfg.checkpoint_every}: steps must be >= 0")
+               else f"--checkpoint-every {cfg.checkpoint_every}: steps must be >= 0"
+               if (cfg.checkpoint_every or 0) < 0
+               else f"--compress-subspaces {cfg.compress_subspaces}: must be >= 0 (0: no compress stage)")
         print(f"ooc bench scale: {why}", file=sys.stderr)
         return 2
     if args.splits:
@@ -612,7 +632,8 @@ def _cmd_bench_scale(args: argparse.Namespace) -> int:
     work = Path(args.workdir or "/work/bench-data/scale/" + (
         "small" if args.small else "papers100m" if args.papers100m else "full"))
     stages = tuple(args.stages.split(",")) if args.stages else None
-    known = {"generate", "partition", *(f"train-{m}" for m in cfg.modes),
+    known = {"generate", "partition", *(["compress"] if cfg.compress_subspaces else []),
+             *(f"train-{m}" for m in cfg.modes),
              *(f"resume-{m}" for m in TRAIN_MODES)}
     if stages and set(stages) - known:
         print(f"ooc bench scale: --stages: {', '.join(sorted(set(stages) - known))} is not a stage "
@@ -682,6 +703,9 @@ def add_bench_scale(bsub: argparse._SubParsersAction) -> None:
                         "training budget)")
     p.add_argument("--modes", help="comma-separated training modes among hybrid, buffer, exact, "
                                    "auto (default hybrid,buffer; --small: all four; --papers100m: auto)")
+    p.add_argument("--compress-subspaces", type=int,
+                   help="add stage compress after partition: `ooc compress --subspaces M` (M bytes "
+                        "of PQ codes per node; 0: none; default 0, --papers100m: 16)")
     p.add_argument("--stages", help="only these stages, e.g. generate,partition")
     p.add_argument("--kill-resume", metavar="MODE:STEP[:EVERY]",
                    help="add stage resume-MODE: train MODE again with --checkpoint-every EVERY "

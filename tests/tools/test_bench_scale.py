@@ -121,6 +121,29 @@ def test_stages_of_another_configuration_kept_only_where_their_fields_agree() ->
         "generate", "partition"}
     assert _stages_still_valid(old, asdict(replace(cfg, parts=8))).keys() == {"generate"}
     assert _stages_still_valid(old, asdict(replace(cfg, edges=10))) == {}
+    old["stages"]["compress"] = done  # compress depends on the partitions and its M
+    assert _stages_still_valid(old, asdict(replace(cfg, budget="1GB"))).keys() == {
+        "generate", "partition", "compress"}
+    assert _stages_still_valid(old, asdict(replace(cfg, compress_subspaces=8))).keys() == {
+        "generate", "partition"}
+
+
+def test_compress_stage_writes_codes_the_auto_split_trains_with(tmp_path: Path) -> None:
+    """``compress_subspaces`` adds a ``compress`` stage between partition and training: the
+    dataset gets M-byte codes (recorded), and a hybrid run forced onto them reads the outer hop's
+    misses from the codes; a configuration without the stage refuses ``--stages compress``."""
+    cfg = ScaleConfig(nodes=3000, edges=30_000, feat_dim=8, classes=4, splits=(0.5, 0.1, 0.1),
+                      parts=4, budget="", buffer_parts=2, fanouts="4,4", eval_fanouts="4,4",
+                      batch_size=100, hidden=8, modes=("hybrid",), topology="memory",
+                      compress_subspaces=4, extra_train_args=["--miss-features", "pq"])
+    rec = run_scale(cfg, tmp_path, drop=False)
+    st = rec["stages"]
+    assert list(st) == ["generate", "partition", "compress", "train-hybrid"]
+    assert st["compress"]["returncode"] == 0 and st["compress"]["pq"]["bytes_per_node"] == 4
+    assert "compress" in format_table(rec)
+    assert st["train-hybrid"]["returncode"] == 0
+    assert st["train-hybrid"]["miss_features"] == "pq"
+    assert st["train-hybrid"]["test_acc"] > 0.25  # 4 planted classes: chance 0.25
 
 
 def test_interrupted_training_stage_resumes_from_its_checkpoint(tmp_path: Path,
