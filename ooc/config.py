@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TrainConfig", "read_ahead_batches", "parse_fanouts", "evaluation_fanouts", "load_yaml", "SECTIONS",
+__all__ = ["TrainConfig", "read_ahead_batches", "sample_ahead_batches", "parse_fanouts", "evaluation_fanouts", "load_yaml", "SECTIONS",
            "ConfigError"]
 
 SECTIONS = ("data", "sampler", "model", "task", "train", "eval", "run")
@@ -80,6 +80,24 @@ def read_ahead_batches(value: "str | int") -> int | None:
     if n == 0 or n >= 2:
         return n
     raise ValueError(f"--read-ahead must be auto, 0 (off) or >= 2 batches, got {value!r}")
+
+
+def sample_ahead_batches(value: "str | int") -> int | None:
+    """``--sample-ahead``: ``auto`` -> None, else the number of batches (0 = off, or >= 1).
+
+    Raises:
+        ValueError: anything else (naming the value).
+    """
+    text = str(value).strip().lower()
+    if text == "auto":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n >= 0:
+        return n
+    raise ValueError(f"--sample-ahead must be auto, 0 (off) or >= 1 batches, got {value!r}")
 
 
 def _opt(default: Any, section: str, help: str, key: str | None = None,
@@ -163,6 +181,13 @@ class TrainConfig:
                            "budget); 0 = every batch reads its own; auto: in exact mode under a "
                            "budget without --cache-size, as many as the memory a CPU cache would "
                            "get holds (else 0)")
+    sample_ahead: str = _opt("auto", "data", "training batches sampled on a thread of their own "
+                             "ahead of the loader thread that gathers their rows (exact and "
+                             "hybrid modes, node tasks; charged to the budget); 0 = the loader "
+                             "samples each batch as it builds it; auto: 1 where it applies (not "
+                             "in buffer mode, which samples the state being loaded, and not with "
+                             "a read-ahead window or --cache-policy belady, which sample their "
+                             "windows themselves)")
     cache_size: str = _opt("", "data", "feature cache size without a budget, e.g. 256MB", size=True)
     direct_io: bool = _opt(False, "data", "read features with O_DIRECT (bypass the page cache)")
     io_depth: int = _opt(32, "data", "disk requests in flight for a batch's missing rows (Linux "
@@ -482,6 +507,18 @@ def validate_data_options(cfg: "TrainConfig") -> None:
             raise ValueError(f"--read-ahead and --cache-policy {cfg.cache_policy} both plan the "
                              "reads of batches sampled ahead (a window read bypasses the cache, so "
                              "Belady's next uses would never be seen); use one")
+    if sample_ahead_batches(cfg.sample_ahead):
+        why = ("buffer mode samples the partitions of the state being loaded, known only once it is "
+               "resident" if cfg.mode == "buffer" else
+               "link prediction's batches (positive edges and their negatives) are sampled as they "
+               "are built" if cfg.task == "link" else
+               f"--read-ahead {cfg.read_ahead} samples its window itself"
+               if read_ahead_batches(cfg.read_ahead) else
+               f"--cache-policy {cfg.cache_policy} samples its look-ahead window itself"
+               if cfg.cache_policy in LOOKAHEAD_POLICIES else "")
+        if why:
+            raise ValueError(f"--sample-ahead {cfg.sample_ahead}: {why} (use --sample-ahead 0 or "
+                             "auto)")
     for f in fields(cfg):
         if f.metadata.get("size") and getattr(cfg, f.name) and \
                 not (f.metadata.get("auto") and getattr(cfg, f.name) == "auto"):

@@ -188,6 +188,8 @@ class BudgetPlan:
             read_ahead_bytes: the window's memory per rank (part of ``scratch``); eval_read_ahead:
             evaluation batches read together in that same memory (evaluation and training never
             hold a window at the same time).
+        sample_ahead: training batches sampled ahead on their own thread (0: none);
+            sample_ahead_bytes: their samples' memory per rank (part of ``scratch``).
     """
 
     budget: int | None
@@ -212,6 +214,8 @@ class BudgetPlan:
     read_ahead: int = 0
     read_ahead_bytes: int = 0
     eval_read_ahead: int = 0
+    sample_ahead: int = 0
+    sample_ahead_bytes: int = 0
 
     @property
     def planned(self) -> int:
@@ -287,7 +291,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                 float_copy: bool | None = None, embedding: int = 0,
                 embedding_dim: int = 0, lookahead: int = 0, loop_counts: bool = True,
                 extents: "Extents | None" = None, hot_topology: int = 0,
-                read_ahead: int | None = 0, train_batches: int = 0) -> BudgetPlan:
+                read_ahead: int | None = 0, train_batches: int = 0,
+                sample_ahead: int = 0) -> BudgetPlan:
     """Split one machine's ``budget`` between topology, node arrays, batches in flight, sampler
     scratch, compressed rows (``compressed`` bytes of PQ codes, see :mod:`ooc.features.pq`),
     partition slots and the CPU row cache.
@@ -296,8 +301,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
     the PQ codes, the partition slots (``share``; else one buffer per rank) and the cache (split
     between the ranks).  Counted per rank: node arrays, batches in flight, sampler scratch, the
     resident subgraph of buffer mode, ``per_rank_extra`` (a CPU device cache, link prediction's split).  When the
-    batches in flight do not fit, the prefetch depth is lowered (it changes speed, never results)
-    before the budget is refused.
+    batches in flight do not fit, the batches sampled ahead are dropped and then the prefetch depth
+    is lowered (they change speed, never results) before the budget is refused.
 
     Args:
         topology_edges: edges of the graph held in memory instead of the dataset's (link
@@ -324,6 +329,11 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
             the slots), at most ``train_batches`` (a rank's steps per epoch, which caps a given
             window too), none below 2; otherwise 0.  A window is dropped where every partition
             is resident.
+        sample_ahead: training (and evaluation) batches sampled ahead on their own thread
+            (``--sample-ahead``, :class:`ooc.data.lookahead.SampleAhead`): their samples (of the
+            larger of a training and an evaluation batch), charged per rank as sampler scratch (:func:`ooc.data.lookahead.sample_ahead_bytes`); not used, and not charged,
+            when a read-ahead window is planned (it samples its window itself) or where the
+            budget cannot hold them beside the mode's minimum.
 
     Raises:
         ValueError: the budget cannot hold the fixed parts plus the minimum the mode needs (one
@@ -386,6 +396,18 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
     ahead = window_bytes(ahead_n) if ahead_n >= 2 else 0
     ahead_n = ahead_n if ahead else 0
     scratch += ahead
+    from ooc.data.lookahead import sample_ahead_bytes
+    # training's samples, or evaluation's (sampled ahead the same way), whichever are larger
+    sa_rows, sa_edges = ((extents.train_rows, extents.train_edges) if extents is not None
+                         else _batch_extent(n, e / max(n, 1), batch_size, fanouts))
+    if eval_batch_size:
+        er, ee = ((extents.eval_rows, extents.eval_edges) if extents is not None else
+                  _batch_extent(n, e / max(n, 1), eval_batch_size,
+                                list(eval_fanouts) if eval_fanouts else [-1] * len(fanouts)))
+        sa_rows, sa_edges = max(sa_rows, er), max(sa_edges, ee)
+    sample_ahead = 0 if ahead_n else max(int(sample_ahead), 0)
+    sampled = sample_ahead_bytes(sample_ahead, sa_rows, sa_edges)
+    scratch += sampled
     slot = BufferManager.slot_bytes(int(sizes.max()), row_bytes)
     slot_private = 0
     if mode == "buffer":  # in-edges of the partition (raw) travel with it; its local CSC per rank
@@ -410,6 +432,10 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
         need_slots = 0 if mode == "exact" else min_state
         need_slots = min(need_slots, num_parts)
         fixed = topo + compressed + lw * (nodes + scratch + per_rank_extra + embedding)
+        if sampled and fixed + lw * stage + slots_cost(need_slots) > budget:
+            fixed -= lw * sampled  # sampled on the loader thread instead (speed only)
+            scratch -= sampled
+            sample_ahead = sampled = 0
         while depth > 0 and fixed + lw * stage + slots_cost(need_slots) > budget:
             depth -= 1
             stage = staging(depth)
@@ -464,7 +490,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                     w = _largest_window(lambda k: window_bytes(k) <= room, steps_cap)
                     if w:
                         ahead_n, ahead = w, window_bytes(w)
-                        scratch += ahead
+                        scratch += ahead - sampled  # the window samples its batches itself
+                        sample_ahead = sampled = 0
                         cache = 0
         else:
             cache = 0
@@ -498,4 +525,5 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                       int(cache), int(cache_rows), int(group), num_parts, int(scratch),
                       int(compressed), lw, int(nodes + stage + scratch + per_rank_extra + embedding),
                       depth, int(slot_private), bool(share), int(embedding), int(ahead_n),
-                      int(ahead), eval_window(ahead) if ahead_n else 0)
+                      int(ahead), eval_window(ahead) if ahead_n else 0, int(sample_ahead),
+                      int(sampled))

@@ -11,6 +11,10 @@ purposes:
   GNNDrive (Jin et al., ICPP'23) applied to the reads themselves.
 - :class:`Lookahead` (``--cache-policy belady``, exact mode): the CPU row cache evicts by Belady's
   MIN over the window (Ginex's cache).
+- :class:`SampleAhead` (``--sample-ahead N``, exact and hybrid modes): the next ``N`` batches are
+  sampled on a thread of their own while the loader thread gathers the current batch's rows, so a
+  step costs the longer of sampling and gathering instead of their sum (over an on-disk topology
+  both wait on the disk; the pipeline of GNNDrive's sampling and extraction stages).
 
 :class:`Lookahead` keeps the next ``window`` batches of the plan sampled (their
 :class:`~ooc.kernels.sampling.MiniBatch`, on the loader thread).  Every ``group`` batches it computes,
@@ -40,8 +44,10 @@ from ooc.contracts import Plan
 from ooc.features.cache import NEVER, CachedFeature, _find, _hinsert
 from ooc.features.tiers import MissRows, StagedRows
 from ooc.kernels.sampling import MiniBatch
+from ooc.util.threads import prefetch
 
-__all__ = ["Lookahead", "next_uses", "lookahead_bytes", "ReadAhead", "read_ahead_bytes"]
+__all__ = ["Lookahead", "next_uses", "lookahead_bytes", "ReadAhead", "read_ahead_bytes",
+           "SampleAhead", "sample_ahead_bytes"]
 
 
 @njit(cache=True, nogil=True)
@@ -277,3 +283,60 @@ class ReadAhead:
         self.bytes_read = self.rows = self.reads = 0
         self.read_s = 0.0
         return d
+
+
+def sample_ahead_bytes(depth: int, batch_rows: int, batch_edges: int) -> int:
+    """Host memory of :class:`SampleAhead` with ``depth`` batches of about ``batch_rows`` input rows
+    and ``batch_edges`` sampled edges: ``depth`` samples queued plus the one being sampled (node
+    ids 8 B per row, block CSCs ~4 B per edge and 8 B per row, and the edge arrays the batch's
+    blocks are built from, 16 B per edge); the sampler's own scratch is counted with the sampler."""
+    return int((depth + 1) * (batch_rows * 16 + batch_edges * 20)) if depth > 0 else 0
+
+
+class SampleAhead:
+    """Samples the steps of a plan ``depth`` ahead, on a thread of its own.
+
+    :meth:`take` is called for the steps in order (by the loader thread, as it builds them); the
+    first call, and any call out of sequence (a new epoch or plan, a resume), starts a producer at
+    that step.  The samples are those the loader would make (``sample`` is keyed by the step), so
+    results do not depend on ``depth``; sampling failures are raised by :meth:`take`.
+
+    Args:
+        sample: ``sample(plan, step, epoch) -> MiniBatch`` (keyed as training keys it).
+        depth: samples made ahead of the one being taken (>= 1).
+
+    Raises:
+        ValueError: ``depth`` < 1.
+    """
+
+    def __init__(self, sample: Callable[[Plan, int, int], MiniBatch], depth: int) -> None:
+        if depth < 1:
+            raise ValueError(f"sample-ahead depth {depth}: need >= 1 batch")
+        self.sample, self.depth = sample, int(depth)
+        self._plan: Plan | None = None
+        self._at: tuple[int, int] | None = None  # (epoch, next step expected)
+        self._it = None
+
+    def _produce(self, plan: Plan, epoch: int, start: int):  # type: ignore[no-untyped-def]
+        for j in range(start, len(plan)):
+            t0 = time.perf_counter()
+            mb = self.sample(plan, j, epoch)
+            yield j, mb, time.perf_counter() - t0
+
+    def take(self, plan: Plan, epoch: int, step: int) -> tuple[MiniBatch, float]:
+        """The sample of ``plan`` step ``step`` of ``epoch`` and the seconds its sampling took (on
+        the sampling thread, overlapped with the caller's work)."""
+        if self._it is None or self._plan is not plan or self._at != (epoch, step):
+            self.close()
+            self._plan = plan
+            self._it = prefetch(self._produce(plan, epoch, step), self.depth)
+        j, mb, seconds = next(self._it)
+        assert j == step, (j, step)
+        self._at = (epoch, step + 1)
+        return mb, seconds
+
+    def close(self) -> None:
+        """Stop the producer and drop the samples made ahead."""
+        if self._it is not None:
+            self._it.close()
+        self._it, self._plan, self._at = None, None, None

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import numpy as np
 import torch
 
-from ooc.config import read_ahead_batches
+from ooc.config import read_ahead_batches, sample_ahead_batches
 from ooc.contracts import Batch, EdgePairs, Graph, Job, Plan, SingleProcess
 from ooc.data.autoplan import (AUTO_HOT_SHARES, Extents, ListProbe, ReadCost, SplitChoice,
                                choose_split, probe_extents)
@@ -46,7 +46,7 @@ from ooc.data.budget import (BudgetPlan, RssMonitor, mmap_threshold_for, plan_bu
                              release_free_memory, tune_allocator)
 from ooc.data.buffer import BufferManager, make_buffer
 from ooc.data.loader import BuildFn, Loader
-from ooc.data.lookahead import Lookahead, ReadAhead
+from ooc.data.lookahead import Lookahead, ReadAhead, SampleAhead
 from ooc.data.ordering import node_swap_lower_bound
 from ooc.data.plan import plan_bucket_states, plan_cluster_states, plan_exact, plan_own, plan_states
 from ooc.data.resident import ResidentGraph
@@ -136,8 +136,12 @@ class DataPath:
         if self.cache is not None and self.cache.lookahead:  # --cache-policy belady (exact mode)
             self.lookahead = Lookahead(self._sample_step, self.cache, cfg.lookahead, graph.num_nodes)
         self.readahead: ReadAhead | None = None  # --read-ahead (set by build_data_path)
+        #: --sample-ahead: training samples made on their own thread (node batches)
+        self.sampleahead: SampleAhead | None = SampleAhead(self._sample_step, budget.sample_ahead) \
+            if budget.sample_ahead and self.lookahead is None else None
         self._eval_ahead: ReadAhead | None = None  # evaluation's (made on first use)
         self._eval_sampler: NeighborSampler | None = None
+        self._eval_sa: SampleAhead | None = None  # evaluation's sample-ahead (made per evaluation)
         self._plans: dict[tuple, Plan] = {}
         self._last_plan: Plan | None = None
         self.totals = {"bytes_read": 0, "row_hits": 0, "row_misses": 0}
@@ -235,16 +239,19 @@ class DataPath:
         """Steps ``start..`` of ``plan`` (node batches unless ``build`` is given)."""
         self._last_plan = plan
         it = self.loader.iterate(plan, epoch, start, build or self.node_batch)
-        return it if self.readahead is None else self._then_release(it)
+        return it if self.readahead is None and self.sampleahead is None else self._then_release(it)
 
     def _then_release(self, it: Iterator[Batch]) -> Iterator[Batch]:
-        """``it``, then the read-ahead's window dropped (its rows are not kept for evaluation)."""
-        assert self.readahead is not None
+        """``it``, then the read-ahead's window dropped (its rows are not kept for evaluation) and
+        the sample-ahead's thread stopped."""
         try:
             yield from it
         finally:
             it.close()  # type: ignore[attr-defined]
-            self.readahead.release()
+            if self.readahead is not None:
+                self.readahead.release()
+            if self.sampleahead is not None:
+                self.sampleahead.close()
 
     def _tensor(self, rows: np.ndarray, native: bool = False) -> torch.Tensor:
         """``rows`` as a tensor: float32, row-normalised with ``feat_norm='row'``; with ``native``
@@ -343,15 +350,20 @@ class DataPath:
         t0 = time.perf_counter()
         key = batch_key(self.cfg.seed, epoch, index if key_index is None else key_index)
         ahead = None
+        sampled_s = 0.0  # sampling done on the sample-ahead thread, overlapped with this one
         if self.lookahead is not None and self._last_plan is not None:
             ahead = self.lookahead.take(self._last_plan, epoch, index)
         elif self.readahead is not None and self._last_plan is not None:
             ahead = (self.readahead.take(self._last_plan, epoch, index), None)
+        elif self.sampleahead is not None and self._last_plan is not None:
+            mb0, sampled_s = self.sampleahead.take(self._last_plan, epoch, index)
+            ahead = (mb0, None)
+            t0 = time.perf_counter()  # the wait for the sample is the consumer's stall, not gather
         mb, out, blocks, x, split, ts = self.sample(seeds, key, state, approx=True, ahead=ahead)
         y = torch.from_numpy(np.asarray(self.labels[out]).astype(np.int64))
         lw = None if mb.node_weight is None else torch.from_numpy(mb.node_weight.astype(np.float32))
-        return Batch(index, out, blocks, x, y, mb.num_sampled_edges, ts, time.perf_counter() - t0 - ts,
-                     split, lw)
+        return Batch(index, out, blocks, x, y, mb.num_sampled_edges, ts + sampled_s,
+                     time.perf_counter() - t0 - ts, split, lw)
 
     def link_batch(self, index: int, edges: np.ndarray, epoch: int, state: int, key_index: int,
                    neg_ratio: int) -> Batch:
@@ -402,11 +414,25 @@ class DataPath:
         ``budget.eval_read_ahead`` batches are read together in its memory (built in order)."""
         starts = list(range(0, ids.shape[0], batch_size))
         w = self.budget.eval_read_ahead if self.readahead is not None else 0
-        if w < 2:
-            return lambda j: self.eval_batch(starts[j], ids[starts[j]:starts[j] + batch_size], sampler)
         plan = Plan(batches=[ids[s:s + batch_size] for s in starts], batch_state=[-1] * len(starts),
                     keys=starts)
         self._eval_sampler = sampler
+        if w < 2 and self.sampleahead is not None:  # sampled on its own thread, as training is
+            if self._eval_sa is not None:
+                self._eval_sa.close()
+            sa = self._eval_sa = SampleAhead(
+                lambda p, j, epoch: sampler.sample(p.batches[j], batch_key(self.cfg.seed, -1, p.key(j))),
+                self.sampleahead.depth)
+
+            def build_ahead(j: int) -> Batch:
+                mb, seconds = sa.take(plan, -1, j)
+                b = self.eval_batch(starts[j], plan.batches[j], sampler, mb, seconds)
+                if j == len(starts) - 1:
+                    sa.close()
+                return b
+            return build_ahead
+        if w < 2:
+            return lambda j: self.eval_batch(starts[j], ids[starts[j]:starts[j] + batch_size], sampler)
         if self._eval_ahead is None:
             self._eval_ahead = ReadAhead(
                 lambda p, j, epoch: self._eval_sampler.sample(  # type: ignore[union-attr]
@@ -422,16 +448,16 @@ class DataPath:
         return build
 
     def eval_batch(self, index: int, seeds: np.ndarray, sampler: NeighborSampler,
-                   sample: MiniBatch | None = None) -> Batch:
+                   sample: MiniBatch | None = None, sampled_s: float = 0.0) -> Batch:
         """An evaluation batch: exact rows, keyed by ``batch_key(seed, -1, index)`` (``sample``:
-        that sample, made ahead)."""
+        that sample, made ahead in ``sampled_s`` seconds)."""
         t0 = time.perf_counter()
         mb = sample if sample is not None else sampler.sample(seeds, batch_key(self.cfg.seed, -1, index))
         blocks = to_torch_blocks(mb, self.graph.degrees, self.graph.loops)
         t1 = time.perf_counter()
         x, split = self._inputs(mb, None, None, None)
         y = torch.from_numpy(np.asarray(self.labels[mb.seeds]).astype(np.int64))
-        return Batch(index, mb.seeds, blocks, x, y, mb.num_sampled_edges, t1 - t0,
+        return Batch(index, mb.seeds, blocks, x, y, mb.num_sampled_edges, t1 - t0 + sampled_s,
                      time.perf_counter() - t1, split)
 
     def partition_rows(self, p: int) -> np.ndarray | None:
@@ -559,12 +585,16 @@ class DataPath:
                 "direct_io": bool(self.cfg.direct_io), "num_parts": self.budget.num_parts,
                 "resident_partitions": self.budget.state_slots,
                 "miss_features": "pq" if self.pq is not None else "disk",
+                "sample_ahead": self.sampleahead.depth if self.sampleahead is not None else 0,
                 "hybrid_mix": self.cfg.hybrid_mix if self.cfg.mode == "hybrid" else 0.0,
                 "shared_buffer": b.shared, "buffer_role": b.role,
                 "prefetch": self.budget.prefetch, "topology": self.topology,
                 "split": self.split.as_dict() if self.split is not None else None}
 
     def close(self) -> None:
+        for sa in (self.sampleahead, self._eval_sa):  # their threads read the topology closed below
+            if sa is not None:
+                sa.close()
         self.buffer.close()
         self.misses.close()
         for r in self.readers:
@@ -708,6 +738,17 @@ def _read_ahead(cfg: "TrainConfig", task: str, ds: Dataset) -> int | None:
     return 0
 
 
+def _sample_ahead(cfg: "TrainConfig", task: str) -> int:
+    """``plan_budget``'s ``sample_ahead``: the batches given, 1 for ``auto`` where it applies (a
+    node task in exact or hybrid mode without a look-ahead cache policy or a given read-ahead;
+    the budget drops it where it plans a read-ahead window), else 0 (:func:`TrainConfig.validate`
+    refuses a count given where it cannot apply)."""
+    n = sample_ahead_batches(cfg.sample_ahead)
+    applies = task == "node" and cfg.mode in ("exact", "hybrid") \
+        and cfg.cache_policy not in LOOKAHEAD_POLICIES and not read_ahead_batches(cfg.read_ahead)
+    return (1 if n is None else n) if applies else 0
+
+
 def _disk_topology_allowed(cfg: "TrainConfig", task: str, topology_edges: int | None) -> bool:
     """Whether ``--topology auto`` may keep the lists on disk for this run."""
     if task == "link" or topology_edges is not None:
@@ -780,6 +821,7 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
                                   embedding=emb, embedding_dim=cfg.embedding,
                                   topology_edges=topology_edges, lookahead=cfg.lookahead,
                                   read_ahead=_read_ahead(cfg, task, ds),
+                                  sample_ahead=_sample_ahead(cfg, task),
                                   train_batches=-(-ds.split("train").shape[0] // cfg.batch_size),
                                   loop_counts=needs_loop_counts(cfg.model), extents=extents)
         # at most every list: bitmap and ranks (16 B per 64 nodes), offsets, the lists themselves

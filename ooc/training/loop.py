@@ -254,14 +254,14 @@ RESUMABLE_CHANGES = frozenset({
     "epochs", "progress", "checkpoint_every", "output_dir", "threads", "device", "io_threads",
     "io_depth", "io_gap",
     "prefetch", "eval_batch_size", "patience", "eval_every", "eval_mode", "eval_fanouts",
-    "buffer_partitions", "lookahead", "read_ahead",
+    "buffer_partitions", "lookahead", "read_ahead", "sample_ahead",
     "topology", "hot_topology", "verify"})
 
 
 #: Resumable options the budget split is planned from: a resumed run that changes none of them
 #: plans the interrupted run's probed extents and split again instead of probing.
 PLAN_INPUTS = ("topology", "hot_topology", "prefetch", "eval_batch_size", "eval_fanouts",
-               "buffer_partitions", "lookahead", "read_ahead")
+               "buffer_partitions", "lookahead", "read_ahead", "sample_ahead")
 
 
 def _plan_to_reuse(ckpt: dict | None, cfg: TrainConfig) -> dict | None:

@@ -327,3 +327,87 @@ def test_exact_evaluation_reads_ahead_in_the_training_window(wide_planted: Path,
     # rows asked for by several batches of a window are read once (bytes can be higher than a
     # cache's on a graph this small: a batch touches a sixth of it and a cache hits 70%)
     assert h["read_ahead_rows"] < off["history"][-1]["row_misses"]
+
+
+def test_sample_ahead_gives_every_step_in_order_and_restarts_after_a_jump() -> None:
+    """Samples come from the producer thread in step order, each once; a jump (a resume, another
+    epoch or plan) restarts it there; an error while sampling is raised by ``take``."""
+    import threading
+
+    from ooc.contracts import Plan
+    from ooc.data.lookahead import SampleAhead
+    bs = batches(3, 200, 6, 10)
+    plan = Plan(batches=bs, batch_state=[-1] * len(bs))
+    calls: list[tuple[int, int, str]] = []
+
+    def sample(p: Plan, j: int, epoch: int) -> np.ndarray:
+        calls.append((epoch, j, threading.current_thread().name))
+        if epoch == 9:
+            raise OSError(f"damaged list of step {j}")
+        return p.batches[j] + 1000 * epoch
+    sa = SampleAhead(sample, 1)  # type: ignore[arg-type]
+    got = [sa.take(plan, 0, j) for j in range(6)]
+    assert [g[0].tolist() for g in got] == [b.tolist() for b in bs]
+    assert all(s >= 0 for _, s in got)
+    assert [(e, j) for e, j, _ in calls] == [(0, j) for j in range(6)]
+    assert {t for _, _, t in calls} == {"ooc-prefetch"}  # not the caller's thread
+    calls.clear()
+    assert sa.take(plan, 1, 3)[0].tolist() == (bs[3] + 1000).tolist()  # resumed at step 3
+    assert sa.take(plan, 1, 4)[0].tolist() == (bs[4] + 1000).tolist()
+    sa.close()
+    assert [(e, j) for e, j, _ in calls][:2] == [(1, 3), (1, 4)]
+    with pytest.raises(OSError, match="damaged list of step 2"):
+        sa.take(plan, 9, 2)
+    sa.close()
+    with pytest.raises(ValueError, match=">= 1"):
+        SampleAhead(sample, 0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", ["exact", "hybrid"])
+def test_sample_ahead_trains_the_losses_of_sampling_in_the_loader(planted_dataset: Path,
+                                                                  tmp_path: Path, mode: str) -> None:
+    """``--sample-ahead`` (auto: 1 batch in exact and hybrid modes) changes where batches are
+    sampled, never what is trained: the same losses and scores as ``--sample-ahead 0``, with and
+    without a budget (which charges the samples), and again after a resume."""
+    kw: dict = dict(mode=mode, buffer_partitions=3, read_ahead="0")
+    off = train(_cfg(planted_dataset, tmp_path / "off", sample_ahead="0", **kw))
+    on = train(_cfg(planted_dataset, tmp_path / "on", **kw))
+    deep = train(_cfg(planted_dataset, tmp_path / "deep", sample_ahead="3", **kw))
+    assert on["losses"] == off["losses"] == deep["losses"]
+    assert (on["test_acc"], on["val_acc"]) == (off["test_acc"], off["val_acc"])
+    assert (on["sample_ahead"], off["sample_ahead"], deep["sample_ahead"]) == (1, 0, 3)
+    assert on["history"][-1]["sample_s"] > 0
+    b = dict(memory_budget="8MB", topology="memory")
+    boff = train(_cfg(planted_dataset, tmp_path / "boff", sample_ahead="0", **kw, **b))
+    bon = train(_cfg(planted_dataset, tmp_path / "bon", sample_ahead="2", **kw, **b))
+    assert bon["budget"]["sample_ahead"] == 2 and boff["budget"]["sample_ahead"] == 0
+    assert bon["budget"]["sample_ahead_bytes"] > 0 == boff["budget"]["sample_ahead_bytes"]
+    assert bon["budget"]["scratch"] == boff["budget"]["scratch"] + bon["budget"]["sample_ahead_bytes"]
+    from ooc.training.loop import Interrupted
+    cfg = _cfg(planted_dataset, tmp_path / "resumed", checkpoint_every=2, **kw)
+    with pytest.raises(Interrupted):
+        train(cfg, stop_after_steps=3)
+    assert train(cfg, resume=True)["losses"] == off["losses"]
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(sample_ahead="-1"), "auto, 0 \\(off\\) or >= 1 batches, got '-1'"),
+    (dict(sample_ahead="some"), "got 'some'"),
+    (dict(sample_ahead="1", mode="buffer"), "buffer mode samples the partitions of the state"),
+    (dict(sample_ahead="1", task="link"), "link prediction"),
+    (dict(sample_ahead="2", read_ahead="4"), "--read-ahead 4 samples its window itself"),
+    (dict(sample_ahead="2", mode="exact", cache_policy="belady"), "belady samples its look-ahead"),
+])
+def test_sample_ahead_refuses_what_it_cannot_serve(planted_dataset: Path, tmp_path: Path, kw: dict,
+                                                   match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        _cfg(planted_dataset, tmp_path / "x", **kw).validate()
+
+
+def test_sample_ahead_auto_is_off_where_it_cannot_apply(planted_dataset: Path, tmp_path: Path) -> None:
+    """auto: buffer mode and a read-ahead window sample on the loader thread (nothing charged)."""
+    buf = train(_cfg(planted_dataset, tmp_path / "buf", mode="buffer", epochs=1))
+    assert buf["sample_ahead"] == 0 and buf["budget"]["sample_ahead_bytes"] == 0
+    ra = train(_cfg(planted_dataset, tmp_path / "ra", mode="hybrid", buffer_partitions=3,
+                    read_ahead="4", epochs=1))
+    assert ra["sample_ahead"] == 0 and ra["budget"]["read_ahead"] == 4
