@@ -64,11 +64,11 @@ def parse_fanouts(text: str | list[int]) -> list[int]:
     return vals
 
 
-def read_ahead_batches(value: "str | int") -> int | None:
-    """``--read-ahead``: ``auto`` -> None, else the number of batches (0 = off, or >= 2).
+def _batches_or_auto(value: "str | int", flag: str, least: int) -> int | None:
+    """A batch count option: ``auto`` -> None, else the count (0 = off, or >= ``least``).
 
     Raises:
-        ValueError: anything else (naming the value).
+        ValueError: anything else (naming ``flag`` and the value).
     """
     text = str(value).strip().lower()
     if text == "auto":
@@ -77,9 +77,18 @@ def read_ahead_batches(value: "str | int") -> int | None:
         n = int(text)
     except ValueError:
         n = -1
-    if n == 0 or n >= 2:
+    if n == 0 or n >= least:
         return n
-    raise ValueError(f"--read-ahead must be auto, 0 (off) or >= 2 batches, got {value!r}")
+    raise ValueError(f"{flag} must be auto, 0 (off) or >= {least} batches, got {value!r}")
+
+
+def read_ahead_batches(value: "str | int") -> int | None:
+    """``--read-ahead``: ``auto`` -> None, else the number of batches (0 = off, or >= 2).
+
+    Raises:
+        ValueError: anything else (naming the value).
+    """
+    return _batches_or_auto(value, "--read-ahead", 2)
 
 
 def sample_ahead_batches(value: "str | int") -> int | None:
@@ -88,16 +97,7 @@ def sample_ahead_batches(value: "str | int") -> int | None:
     Raises:
         ValueError: anything else (naming the value).
     """
-    text = str(value).strip().lower()
-    if text == "auto":
-        return None
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n >= 0:
-        return n
-    raise ValueError(f"--sample-ahead must be auto, 0 (off) or >= 1 batches, got {value!r}")
+    return _batches_or_auto(value, "--sample-ahead", 1)
 
 
 def _opt(default: Any, section: str, help: str, key: str | None = None,

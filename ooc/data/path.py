@@ -420,9 +420,7 @@ class DataPath:
         if w < 2 and self.sampleahead is not None:  # sampled on its own thread, as training is
             if self._eval_sa is not None:
                 self._eval_sa.close()
-            sa = self._eval_sa = SampleAhead(
-                lambda p, j, epoch: sampler.sample(p.batches[j], batch_key(self.cfg.seed, -1, p.key(j))),
-                self.sampleahead.depth)
+            sa = self._eval_sa = SampleAhead(self._eval_sample, self.sampleahead.depth)
 
             def build_ahead(j: int) -> Batch:
                 mb, seconds = sa.take(plan, -1, j)
@@ -432,12 +430,9 @@ class DataPath:
                 return b
             return build_ahead
         if w < 2:
-            return lambda j: self.eval_batch(starts[j], ids[starts[j]:starts[j] + batch_size], sampler)
+            return lambda j: self.eval_batch(starts[j], plan.batches[j], sampler)
         if self._eval_ahead is None:
-            self._eval_ahead = ReadAhead(
-                lambda p, j, epoch: self._eval_sampler.sample(  # type: ignore[union-attr]
-                    p.batches[j], batch_key(self.cfg.seed, -1, p.key(j))),
-                self.misses, w, self._missing_rows)
+            self._eval_ahead = ReadAhead(self._eval_sample, self.misses, w, self._missing_rows)
         ra = self._eval_ahead
 
         def build(j: int) -> Batch:
@@ -446,6 +441,12 @@ class DataPath:
                 ra.release()
             return b
         return build
+
+    def _eval_sample(self, plan: Plan, j: int, epoch: int) -> MiniBatch:
+        """Evaluation batch ``j`` of ``plan`` sampled by the current evaluation's sampler, keyed by
+        its first position (``epoch`` is -1)."""
+        assert self._eval_sampler is not None
+        return self._eval_sampler.sample(plan.batches[j], batch_key(self.cfg.seed, -1, plan.key(j)))
 
     def eval_batch(self, index: int, seeds: np.ndarray, sampler: NeighborSampler,
                    sample: MiniBatch | None = None, sampled_s: float = 0.0) -> Batch:
