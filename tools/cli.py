@@ -393,9 +393,13 @@ def _print_summary(m: dict) -> None:
                  + (f"; last epoch {reads} window read{'' if reads == 1 else 's'} of "
                     f"{_human(last.get('read_ahead_bytes', 0))} in {last.get('read_ahead_s', 0.0):.1f} s"
                     if reads else "") + ")")
+    sa = m.get("sample_ahead", 0)
+    sampled = (f", {sa} batch{'' if sa == 1 else 'es'} sampled ahead on their own thread" if sa
+               else ", batches sampled on the loader thread")
     print(f"data path     mode {m['mode']}{topo}, {budget}{lowered}{staging}; {slots} of "
           f"{b['num_parts']} ({b['state_slots']} resident per state), swaps {m['swaps']}, cache "
-          f"{_human(m['cache_bytes'])}{ahead}, runtime overhead {_human(m['rss_baseline_bytes'])}")
+          f"{_human(m['cache_bytes'])}{ahead}{sampled}, runtime overhead "
+          f"{_human(m['rss_baseline_bytes'])}")
     split = m.get("split")
     if split:
         per_epoch = [h["train_bytes_read"] for h in hist if "train_bytes_read" in h]

@@ -404,6 +404,17 @@ def test_sample_ahead_refuses_what_it_cannot_serve(planted_dataset: Path, tmp_pa
         _cfg(planted_dataset, tmp_path / "x", **kw).validate()
 
 
+def test_train_summary_says_where_batches_are_sampled(planted_dataset: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    from ooc.tools.cli import main
+    base = ["train", str(planted_dataset), "--mode", "hybrid", "--partitions", "8",
+            "--buffer-partitions", "3", "--epochs", "1", "--fanout", "5,5", "--no-progress"]
+    assert main(base + ["--output-dir", str(tmp_path / "a")]) == 0
+    assert "1 batch sampled ahead on their own thread" in capsys.readouterr().out
+    assert main(base + ["--output-dir", str(tmp_path / "b"), "--sample-ahead", "0"]) == 0
+    assert "batches sampled on the loader thread" in capsys.readouterr().out
+
+
 def test_sample_ahead_auto_is_off_where_it_cannot_apply(planted_dataset: Path, tmp_path: Path) -> None:
     """auto: buffer mode and a read-ahead window sample on the loader thread (nothing charged)."""
     buf = train(_cfg(planted_dataset, tmp_path / "buf", mode="buffer", epochs=1))
