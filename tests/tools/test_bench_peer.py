@@ -1,0 +1,25 @@
+"""``ooc bench peer``'s runs: every ``--modes`` entry becomes the ``ooc train`` flags its name says,
+and ``ooc train`` accepts them."""
+
+from __future__ import annotations
+
+import pytest
+
+from ooc.tools.bench_peer import PEER_MODES, _NAMES, _mode_args
+from ooc.tools.cli import build_parser
+
+
+@pytest.mark.parametrize("mode", PEER_MODES)
+def test_every_mode_is_a_train_command_line_with_a_name(mode: str) -> None:
+    args = _mode_args(mode, 400_000_000)
+    ns = build_parser().parse_args(["train", "DS", *args])
+    assert ns.mode == ("exact" if mode.startswith("exact") else "hybrid")
+    assert mode in _NAMES
+    want = {"hybrid-pq": ["--miss-features", "pq"], "exact-cache": ["--read-ahead", "0"],
+            "exact-belady": ["--cache-policy", "belady"], "hybrid-serial": ["--sample-ahead", "0"],
+            "exact-serial": ["--sample-ahead", "0"]}.get(mode, [])
+    pos = [i for i in range(len(args)) if args[i:i + len(want)] == want] if want else [0]
+    assert pos, (mode, args)
+    assert ("--sample-ahead" in args) == mode.endswith("-serial")
+    budget = args[args.index("--memory-budget") + 1]
+    assert budget == (str(64 << 30) if mode == "resident" else "400000000")
