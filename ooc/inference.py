@@ -59,21 +59,39 @@ def layers_in_memory(num_nodes: int, width: int, staging: int | None, kept: int 
 
 @dataclass
 class LayerOutput:
-    """One layer's output for all N nodes: an in-memory array or an on-disk Zarr array."""
+    """One layer's output: an in-memory array or an on-disk Zarr array, for all N nodes or (``ids``)
+    for a sorted subset of them, row ``k`` holding node ``ids[k]``."""
 
     array: np.ndarray | RawArray
+    ids: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.array.shape)
 
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:
+        """Row positions of node ``ids`` (identity for an all-node output).
+
+        Raises:
+            KeyError: a node whose output this layer did not compute."""
+        if self.ids is None:
+            return ids
+        pos = np.searchsorted(self.ids, ids)
+        bad = (pos >= self.ids.shape[0]) | (self.ids[np.minimum(pos, self.ids.shape[0] - 1)] != ids)
+        if bad.any():
+            raise KeyError(f"node {int(ids[bad][0])}: its output was not computed (not a target's "
+                           "neighbourhood)")
+        return pos
+
     def gather(self, ids: np.ndarray) -> np.ndarray:
-        """float32 rows ``ids`` (any order)."""
+        """float32 rows of nodes ``ids`` (any order)."""
+        pos = self.rows_of(np.asarray(ids, dtype=np.int64))
         if isinstance(self.array, RawArray):
-            return self.array.gather(ids)[0]
-        return self.array[ids]
+            return self.array.gather(pos)[0]
+        return self.array[pos]
 
     def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` of the stored array (node ids only for an all-node output)."""
         if isinstance(self.array, RawArray):
             return self.array.read(start, stop)
         return self.array[start:stop]
@@ -83,11 +101,41 @@ class LayerOutput:
             self.array.close()
 
 
+def needed_nodes(sampler, targets: np.ndarray, num_layers: int, batch_size: int = 4096
+                 ) -> tuple[list[np.ndarray], np.ndarray]:
+    """The nodes whose layer outputs the full-neighbourhood outputs of ``targets`` need.
+
+    Args:
+        sampler: a full-neighbour sampler (``sample(dst, 0)``: a one-layer subgraph whose
+            ``nodes`` hold ``dst`` and all their in-neighbours).
+        targets: int64 node ids (any order, duplicates allowed).
+        num_layers: L >= 1.
+        batch_size: destinations per sampler call.
+
+    Returns:
+        ``(dests, inputs)``, sorted unique int64 ids: ``dests[L - 1]`` the targets, ``dests[i]``
+        ``dests[i + 1]`` and their in-neighbours (the nodes whose layer-``i`` output is needed),
+        ``inputs`` ``dests[0]`` and their in-neighbours (the feature rows layer 0 reads).
+    """
+    cur = np.unique(np.asarray(targets, dtype=np.int64))
+    dests = [cur]
+    for _ in range(num_layers):
+        parts = [cur]
+        for s in range(0, cur.shape[0], batch_size):
+            parts.append(np.asarray(sampler.sample(cur[s:s + batch_size], 0).nodes, dtype=np.int64))
+        cur = np.unique(np.concatenate(parts))
+        dests.insert(0, cur)
+    return dests[1:], dests[0]
+
+
 @torch.no_grad()
 def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
                         out_dir: str | os.PathLike | None = None, device: torch.device | str = "cpu",
-                        keep: tuple[int, ...] | None = None, progress: bool = False) -> dict[int, LayerOutput]:
-    """Run ``model`` layer by layer over every node with full neighbourhoods.
+                        keep: tuple[int, ...] | None = None, progress: bool = False,
+                        targets: np.ndarray | None = None, memory: int | None = None
+                        ) -> dict[int, LayerOutput]:
+    """Run ``model`` layer by layer with full neighbourhoods, over every node or over what
+    ``targets`` need.
 
     Args:
         model: the GNN (put in eval mode here).
@@ -95,20 +143,31 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
             ``degrees``, partition ``offsets`` and the loader whose buffer serves layer-0 features.
         batch_size: destination nodes per block.
         out_dir: folder for the per-layer Zarr arrays ``layer{i}`` (created; must not hold them).
-            ``None``: in memory (refused for a layer above :data:`IN_MEMORY_LIMIT` bytes).
+            ``None``: in memory (refused for a layer above :data:`IN_MEMORY_LIMIT` bytes).  With
+            ``memory``, only where the layers do not fit it.
         device: where the model runs.
         keep: layer indices whose outputs are returned (default: the last two); intermediate ones
             are deleted as soon as the next layer is done.
         progress: show a progress bar.
+        targets: int64 node ids whose last-layer outputs are wanted (None: every node).  Layer
+            ``i`` then computes only the nodes within ``L - 1 - i`` hops of them
+            (:func:`needed_nodes`), and layer 0 reads only the partitions holding such nodes.
+        memory: bytes this pass may hold besides a batch (a budget's share for batches in flight,
+            idle while a run evaluates), or None.  With ``targets``, the layer-0 inputs outside the
+            partition of the destinations that read them (the cut rows) are gathered once, sorted
+            and coalesced, before layer 0 when they fit half of it (None: always), instead of batch
+            by batch; two layers' outputs are kept in memory when they fit the rest (else in
+            ``out_dir``).
 
     Returns:
-        ``{layer index: LayerOutput}`` for the kept layers; row ``v`` is node ``v`` (internal ids).
+        ``{layer index: LayerOutput}`` for the kept layers; row ``v`` is node ``v`` (internal ids),
+        or with ``targets`` row ``k`` is node ``LayerOutput.ids[k]``.
 
     Raises:
         ValueError: ``out_dir`` is None and a layer would exceed :data:`IN_MEMORY_LIMIT`.
 
     Shapes:
-        layer ``i`` output: [N, model.dims[i+1]] float32.
+        layer ``i`` output: [N or len(ids), model.dims[i+1]] float32.
     """
     model.eval()
     device = torch.device(device)
@@ -119,8 +178,21 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
     degrees, loops = data.graph.degrees, data.graph.loops
     offsets = np.asarray(data.offsets, dtype=np.int64)
     num_parts = offsets.shape[0] - 1
-    widest = max(model.dims[1:]) * 4 * n
-    root = Path(out_dir) if out_dir is not None else None
+    dests: list[np.ndarray | None] = [None] * L
+    halo: LayerOutput | None = None
+    if targets is not None:
+        dests, inputs = needed_nodes(sampler, targets, L, max(batch_size, 4096))  # type: ignore[assignment]
+        owner = np.searchsorted(offsets, dests[0], side="right") - 1  # type: ignore[arg-type]
+        halo_ids = _cut_inputs(sampler, dests[0], owner, offsets, max(batch_size, 4096))  # type: ignore[arg-type]
+        row_bytes = int(np.prod(data.feat_shape[1:], dtype=np.int64)) * np.dtype(data.buffer.features.dtype).itemsize
+        if halo_ids.shape[0] and (memory is None or halo_ids.shape[0] * row_bytes <= memory // 2):
+            halo = LayerOutput(data.buffer.gather(halo_ids)[0], halo_ids)
+        del inputs
+    rows = [n if d is None else int(d.shape[0]) for d in dests]
+    widest = max(r * w * 4 for r, w in zip(rows, model.dims[1:]))
+    held = 0 if halo is None else int(halo.array.nbytes)
+    fits = widest <= IN_MEMORY_LIMIT and (memory is None or 2 * widest + held <= memory)
+    root = Path(out_dir) if out_dir is not None and (memory is None or not fits) else None
     if root is not None:
         root.mkdir(parents=True, exist_ok=True)
     on_disk = root is not None
@@ -128,38 +200,43 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
         raise ValueError(f"a layer of {widest / 2**30:.1f} GiB needs an out_dir for its Zarr array")
     outputs: dict[int, LayerOutput] = {}
     prev: LayerOutput | None = None
-    bar = progress_bar(total=L * n, enabled=progress, unit="node", desc="inference")
+    bar = progress_bar(total=sum(rows), enabled=progress, unit="node", desc="inference")
     try:
         for i in range(L):
             width = model.dims[i + 1]
+            d_i = dests[i]
             if on_disk:
                 path = root / f"layer{i}"  # type: ignore[operator]
                 if path.exists():
                     shutil.rmtree(path)
-                writer: RawArrayWriter | None = RawArrayWriter(path, np.float32, (width,), expected_rows=n)
+                writer: RawArrayWriter | None = RawArrayWriter(path, np.float32, (width,),
+                                                               expected_rows=rows[i])
                 mem = None
             else:
-                writer, mem = None, np.empty((n, width), dtype=np.float32)
+                writer, mem = None, np.empty((rows[i], width), dtype=np.float32)
+            done = 0
             for p in range(num_parts):
                 a, b = int(offsets[p]), int(offsets[p + 1])
+                if d_i is None:
+                    here = None
+                    count = b - a
+                else:
+                    lo, hi = np.searchsorted(d_i, [a, b])
+                    here = d_i[lo:hi]
+                    count = int(hi - lo)
+                if count == 0:
+                    continue
                 # layer 0: the partition's rows in one sequential read unless resident (the buffer
                 # is not moved: a shared buffer's other ranks may be reading it)
                 window = data.partition_rows(p) if i == 0 else None
-                for s in range(a, b, batch_size):
-                    e = min(s + batch_size, b)
-                    dst = np.arange(s, e, dtype=np.int64)
+                for s in range(0, count, batch_size):
+                    e = min(s + batch_size, count)
+                    dst = np.arange(a + s, a + e, dtype=np.int64) if here is None else here[s:e]
                     sg = sampler.sample(dst, 0)  # all neighbours: no randomness
                     block = to_torch_blocks(sg, degrees, loops)[0]
                     ids = sg.nodes[: block.num_src]
-                    if i == 0 and window is None:
-                        h = data.features(ids)
-                    elif i == 0:
-                        inside = (ids >= a) & (ids < b)
-                        raw = np.empty((ids.shape[0], *window.shape[1:]), dtype=window.dtype)
-                        raw[inside] = window[ids[inside] - a]
-                        if not inside.all():
-                            raw[~inside] = data.buffer.gather(ids[~inside])[0]
-                        h = data.to_input(raw)
+                    if i == 0:
+                        h = data.to_input(_layer0_rows(data, ids, a, b, window, halo))
                     else:
                         h = torch.from_numpy(np.ascontiguousarray(prev.gather(ids)))  # type: ignore[union-attr]
                     if device.type != "cpu":
@@ -168,13 +245,17 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
                     if writer is not None:
                         writer.append(out)
                     else:
-                        mem[s:e] = out  # type: ignore[index]
+                        mem[done:done + (e - s)] = out  # type: ignore[index]
+                    done += e - s
                     bar.update(e - s)
+                del window
             if writer is not None:
                 writer.close()
-                cur = LayerOutput(RawArray(root / f"layer{i}"))  # type: ignore[operator]
+                cur = LayerOutput(RawArray(root / f"layer{i}"), d_i)  # type: ignore[operator]
             else:
-                cur = LayerOutput(mem)  # type: ignore[arg-type]
+                cur = LayerOutput(mem, d_i)  # type: ignore[arg-type]
+            if i == 0 and halo is not None:
+                halo = None
             if prev is not None and (i - 1) not in keep:
                 prev.close()
                 if on_disk:
@@ -185,6 +266,39 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
     finally:
         bar.close()
     return outputs
+
+
+def _cut_inputs(sampler, dests: np.ndarray, owner: np.ndarray, offsets: np.ndarray,
+                batch_size: int) -> np.ndarray:
+    """Sorted unique layer-0 inputs of ``dests`` lying outside the partition of a destination that
+    reads them (``owner``: each destination's partition; batches never span two partitions)."""
+    cut = [np.empty(0, dtype=np.int64)]
+    bounds = np.flatnonzero(np.diff(owner)) + 1
+    for seg in np.split(np.arange(dests.shape[0]), bounds):
+        if seg.shape[0] == 0:
+            continue
+        p = int(owner[seg[0]])
+        a, b = int(offsets[p]), int(offsets[p + 1])
+        for s in range(0, seg.shape[0], batch_size):
+            nodes = np.asarray(sampler.sample(dests[seg[s:s + batch_size]], 0).nodes, dtype=np.int64)
+            cut.append(nodes[(nodes < a) | (nodes >= b)])
+    return np.unique(np.concatenate(cut))
+
+
+def _layer0_rows(data: "DataPath", ids: np.ndarray, a: int, b: int, window: np.ndarray | None,
+                 halo: LayerOutput | None) -> np.ndarray:
+    """Stored feature rows of ``ids`` for a block of partition ``[a, b)``: its own rows from
+    ``window`` (its sequential read) or the buffer, the others from ``halo`` or the buffer."""
+    if window is None and halo is None:
+        return data.buffer.gather(ids)[0]
+    inside = (ids >= a) & (ids < b)
+    feats = data.buffer.features
+    raw = np.empty((ids.shape[0], *feats.shape[1:]), dtype=feats.dtype)
+    raw[inside] = window[ids[inside] - a] if window is not None else data.buffer.gather(ids[inside])[0]
+    if not inside.all():
+        out = ids[~inside]
+        raw[~inside] = halo.gather(out) if halo is not None else data.buffer.gather(out)[0]
+    return raw
 
 
 def write_rows_in_original_order(source: Callable[[np.ndarray], np.ndarray], n: int, width: tuple[int, ...],

@@ -126,11 +126,15 @@ def _node_scores(logits: np.ndarray, labels: np.ndarray, ids: np.ndarray, multil
 
 
 def evaluate_node_layerwise(model: GNN, task: "NodeTask", device: torch.device | str = "cpu",
-                            out_dir: "str | os.PathLike | None" = None) -> dict:
-    """Validation and test scores of a node task from one layer-wise pass over all nodes."""
+                            out_dir: "str | os.PathLike | None" = None, memory: int | None = None) -> dict:
+    """Validation and test scores of a node task from one layer-wise pass over what the validation
+    and test nodes need (their full ``L``-hop neighbourhoods, each node's layer computed once;
+    :func:`~ooc.inference.layerwise_inference` with ``targets``; ``memory`` what it may hold, the
+    rest spilled to ``out_dir``)."""
     from ooc.inference import layerwise_inference
+    targets = np.concatenate([task.val_ids, task.test_ids]).astype(np.int64, copy=False)
     outs = layerwise_inference(model, task.data, task.cfg.eval_batch_size, out_dir, device,
-                               keep=(model.num_layers - 1,))
+                               keep=(model.num_layers - 1,), targets=targets, memory=memory)
     logits = outs[model.num_layers - 1]
     labels = task.ds.labels
     res = {}
@@ -270,12 +274,12 @@ class NodeTask:
         """``val_acc``, ``val_loss`` and ``test_acc`` (micro-F1 under the same keys when
         multi-label), exact over all ranks (see the module docstring)."""
         if self.cfg.eval_mode == "layerwise":
-            from ooc.inference import layers_in_memory
-            staging = self.data.budget.staging if self.data.budget.budget else None
-            big = not layers_in_memory(self.ds.num_nodes, max(model.dims[1:]), staging)
+            from ooc.inference import IN_MEMORY_LIMIT
+            # under a budget: its share for batches in flight; without: a layer up to the limit
+            memory = self.data.budget.staging if self.data.budget.budget else 2 * IN_MEMORY_LIMIT
             return evaluate_node_layerwise(model, self, device,
-                                           self.job.run_dir(self.cfg.output_dir) / "inference"
-                                           if big else None)
+                                           self.job.run_dir(self.cfg.output_dir) / "inference",
+                                           memory=memory)
         j = self.job
         nl = len(self.cfg.fanouts)
         fo = evaluation_fanouts(self.cfg)

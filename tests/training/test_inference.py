@@ -57,6 +57,57 @@ def test_layerwise_equals_sampled_full_neighbourhood(planted_dataset: Path, tmp_
     task.close()
 
 
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("memory", [None, 0, 1 << 30])
+def test_layerwise_over_targets_equals_sampled_full_neighbourhood(planted_dataset: Path, tmp_path: Path,
+                                                                  model: str, memory: int | None) -> None:
+    # memory None: cut rows gathered once, layers in out_dir (given); 0: cut rows batch by batch,
+    # layers spilled to out_dir; 1 GiB: cut rows gathered once, layers in memory
+    cfg = _cfg(planted_dataset, tmp_path / "run", model=model, heads=2, residual=True, norm="batch",
+               fanouts=[4, 4, 4])
+    cfg.validate()
+    ds = Dataset(planted_dataset)
+    task = NodeTask(cfg, ds)
+    torch.manual_seed(0)
+    net = make_model(cfg, ds.feat_dim, task.out_dim).eval()
+    targets = np.array([2999, 5, 17, 5, 1500, 0, 2047])
+    outs = layerwise_inference(net, task.data, batch_size=50, out_dir=tmp_path / "layers",
+                               keep=(0, 2), targets=targets, memory=memory)
+    spilled = (tmp_path / "layers").exists()
+    assert spilled == (memory != 1 << 30)
+    ids = np.unique(targets)
+    np.testing.assert_array_equal(outs[2].ids, ids)  # only the targets' rows, sorted
+    # layer 0 computed the 2-hop neighbourhood of the targets and nothing else
+    from ooc.inference import needed_nodes
+    dests, inputs = needed_nodes(task.data.eval_sampler([-1]), targets, 3)
+    np.testing.assert_array_equal(outs[0].ids, dests[0])
+    assert dests[0].shape[0] < ds.num_nodes and inputs.shape[0] >= dests[0].shape[0]
+    b = task.data.eval_batch(0, ids, task.data.eval_sampler([-1, -1, -1]))
+    with torch.no_grad():
+        expect = net(b.blocks, b.x.float()).numpy()
+    np.testing.assert_allclose(outs[2].gather(ids), expect, rtol=1e-4, atol=1e-5)
+    outside = np.setdiff1d(np.arange(ds.num_nodes), dests[0])[:1]
+    with pytest.raises(KeyError, match=f"node {int(outside[0])}"):
+        outs[0].gather(outside)
+    for o in outs.values():
+        o.close()
+    task.close()
+
+
+def test_needed_nodes_of_a_path_are_the_hops_behind_the_targets() -> None:
+    from ooc.inference import needed_nodes
+    from ooc.sampling.samplers import NeighborSampler
+    # CSC of the path 0 -> 1 -> 2 -> 3 -> 4 -> 5 (in-neighbour of v is v - 1) plus 5 -> 0's absence
+    indptr = np.array([0, 0, 1, 2, 3, 4, 5], dtype=np.int64)
+    indices = np.array([0, 1, 2, 3, 4], dtype=np.int64)
+    sampler = NeighborSampler(indptr, indices, [-1])
+    dests, inputs = needed_nodes(sampler, np.array([4, 4]), 2, batch_size=1)
+    assert [d.tolist() for d in dests] == [[3, 4], [4]]
+    assert inputs.tolist() == [2, 3, 4]
+    dests, inputs = needed_nodes(sampler, np.array([1, 0]), 3)
+    assert [d.tolist() for d in dests] == [[0, 1], [0, 1], [0, 1]] and inputs.tolist() == [0, 1]
+
+
 def test_eval_mode_layerwise_matches_sampled(planted_dataset: Path, tmp_path: Path) -> None:
     a = train(_cfg(planted_dataset, tmp_path / "a", model="gcn", epochs=3))
     b = train(_cfg(planted_dataset, tmp_path / "b", model="gcn", epochs=3, eval_mode="layerwise"))
