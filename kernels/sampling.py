@@ -682,6 +682,7 @@ def _sample_hops(indptr, indices, cumw, npos, excl, seeds, fanouts, replace, lab
     """
     num_hops = fanouts.shape[0]
     n0 = seeds.shape[0]
+    avg_deg = indptr[indptr.shape[0] - 1] / max(indptr.shape[0] - 1, 1)
     weighted = cumw.shape[0] > 0
     dense = dmap.shape[0] > 0
     uniform = not weighted and not labor and excl.shape[0] == 0
@@ -722,7 +723,8 @@ def _sample_hops(indptr, indices, cumw, npos, excl, seeds, fanouts, replace, lab
         hkey = mix_key(key, h)
         ptr = np.empty(n_dst + 1, dtype=np.int64)
         # a hop expected to draw few edges runs on this thread only
-        small = fanout >= 0 and n_dst * fanout < _SERIAL_HOP_EDGES
+        # (all neighbours: the graph's average degree stands for the fanout)
+        small = n_dst * (fanout if fanout >= 0 else avg_deg) < _SERIAL_HOP_EDGES
         if uniform:
             # start/deg live in sortbuf, free until the relabel step (no fresh pages per hop)
             if sortbuf.shape[0] < 2 * n_dst:
@@ -734,6 +736,8 @@ def _sample_hops(indptr, indices, cumw, npos, excl, seeds, fanouts, replace, lab
             _count_hop(indptr, indices, cumw, npos, excl, nodes, n_dst, fanout, replace, labor, hkey,
                        ptr)
         m = ptr[n_dst]
+        if fanout < 0:  # the draws are counted now
+            small = m < _SERIAL_HOP_EDGES
         if nbrs.shape[0] < m:
             nbrs = np.empty(max(m, 2 * nbrs.shape[0]), dtype=nbrs.dtype)
             newslot = np.empty(nbrs.shape[0], dtype=np.int64)
@@ -1041,13 +1045,15 @@ _SERIAL_EDGES = 20_000
 
 
 @contextmanager
-def serial_if_small(num_seeds: int, fanouts: list[int]) -> Iterator[None]:
+def serial_if_small(num_seeds: int, fanouts: list[int], avg_degree: float = float("inf")
+                    ) -> Iterator[None]:
     """Run the block on one Numba thread when the batch's draws (``num_seeds`` times the running
-    product of ``fanouts`` over the hops; ``-1`` = unbounded) are under ``_SERIAL_EDGES``: a parallel
-    launch costs more than such a batch's whole sample.  The thread count is restored after."""
+    product of ``fanouts`` over the hops; ``-1``: ``avg_degree``, the graph's average in-degree) are
+    under ``_SERIAL_EDGES``: a parallel launch costs more than such a batch's whole sample.  The
+    thread count is restored after."""
     est = tot = float(num_seeds)
     for f in fanouts:
-        est = est * f if f >= 0 else float("inf")
+        est = est * (f if f >= 0 else avg_degree)
         tot += est
     threads = numba.get_num_threads()
     serial = tot < _SERIAL_EDGES and threads > 1
@@ -1105,7 +1111,7 @@ def neighbor_sample(indptr: np.ndarray, indices: np.ndarray, seeds: np.ndarray, 
         raise ValueError("LABOR sampling is uniform, without replacement and without exclusions")
     ws = _workspace(indices.dtype)
     gen = ws.next_gen()
-    with serial_if_small(useeds.shape[0], fo.tolist()):
+    with serial_if_small(useeds.shape[0], fo.tolist(), float(indptr[n]) / max(n, 1)):
         out = _run_hops(indptr, indices, cumw, npos, exclude, useeds, fo, replace, labor, key,
                         return_eids, ws, gen)
     nodes, sizes, ptr_all, ptr_off, idx_all, idx_off, eid_all = out

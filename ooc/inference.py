@@ -152,12 +152,12 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
         targets: int64 node ids whose last-layer outputs are wanted (None: every node).  Layer
             ``i`` then computes only the nodes within ``L - 1 - i`` hops of them
             (:func:`needed_nodes`), and layer 0 reads only the partitions holding such nodes.
-        memory: bytes this pass may hold besides a batch (a budget's share for batches in flight,
-            idle while a run evaluates), or None.  With ``targets``, the layer-0 inputs outside the
-            partition of the destinations that read them (the cut rows) are gathered once, sorted
-            and coalesced, before layer 0 when they fit half of it (None: always), instead of batch
-            by batch; two layers' outputs are kept in memory when they fit the rest (else in
-            ``out_dir``).
+        memory: bytes this pass may hold besides a batch (the parts of a budget idle while a run
+            evaluates), or None.  With ``targets``, the layer-0 inputs outside the partition of the
+            destinations that read them (the cut rows) are gathered once, sorted and coalesced,
+            before layer 0 when they fit it (None: always) instead of batch by batch; the layer
+            outputs stay in memory when they fit beside them (two consecutive layers, or the cut
+            rows and layer 0), else they go to ``out_dir``.
 
     Returns:
         ``{layer index: LayerOutput}`` for the kept layers; row ``v`` is node ``v`` (internal ids),
@@ -185,13 +185,15 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
         owner = np.searchsorted(offsets, dests[0], side="right") - 1  # type: ignore[arg-type]
         halo_ids = _cut_inputs(sampler, dests[0], owner, offsets, max(batch_size, 4096))  # type: ignore[arg-type]
         row_bytes = int(np.prod(data.feat_shape[1:], dtype=np.int64)) * np.dtype(data.buffer.features.dtype).itemsize
-        if halo_ids.shape[0] and (memory is None or halo_ids.shape[0] * row_bytes <= memory // 2):
+        if halo_ids.shape[0] and (memory is None or halo_ids.shape[0] * row_bytes <= memory):
             halo = LayerOutput(data.buffer.gather(halo_ids)[0], halo_ids)
         del inputs
     rows = [n if d is None else int(d.shape[0]) for d in dests]
-    widest = max(r * w * 4 for r, w in zip(rows, model.dims[1:]))
-    held = 0 if halo is None else int(halo.array.nbytes)
-    fits = widest <= IN_MEMORY_LIMIT and (memory is None or 2 * widest + held <= memory)
+    sizes = [r * w * 4 for r, w in zip(rows, model.dims[1:])]
+    widest = max(sizes)
+    peak = max([(0 if halo is None else int(halo.array.nbytes)) + sizes[0]]
+               + [sizes[i - 1] + sizes[i] for i in range(1, L)])
+    fits = widest <= IN_MEMORY_LIMIT and (memory is None or peak <= memory)
     root = Path(out_dir) if out_dir is not None and (memory is None or not fits) else None
     if root is not None:
         root.mkdir(parents=True, exist_ok=True)

@@ -275,8 +275,11 @@ class NodeTask:
         multi-label), exact over all ranks (see the module docstring)."""
         if self.cfg.eval_mode == "layerwise":
             from ooc.inference import IN_MEMORY_LIMIT
-            # under a budget: its share for batches in flight; without: a layer up to the limit
-            memory = self.data.budget.staging if self.data.budget.budget else 2 * IN_MEMORY_LIMIT
+            # under a budget: its parts idle while evaluating (batches in flight, the read-ahead
+            # window, the samples ahead); without: a layer up to the limit
+            bp = self.data.budget
+            memory = (bp.staging + bp.read_ahead_bytes + bp.sample_ahead_bytes if bp.budget
+                      else 2 * IN_MEMORY_LIMIT)
             return evaluate_node_layerwise(model, self, device,
                                            self.job.run_dir(self.cfg.output_dir) / "inference",
                                            memory=memory)
