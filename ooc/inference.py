@@ -44,6 +44,8 @@ log = logging.getLogger("ooc.inference")
 
 #: Layers smaller than this are kept in memory when no output folder is given.
 IN_MEMORY_LIMIT = 1 << 30
+#: Layer 0's sequential reads of consecutive partitions, without a memory bound (bytes).
+WINDOW_BYTES = 64 << 20
 
 
 def layers_in_memory(num_nodes: int, width: int, staging: int | None, kept: int = 2) -> bool:
@@ -102,7 +104,7 @@ class LayerOutput:
 
 
 def needed_nodes(sampler, targets: np.ndarray, num_layers: int, batch_size: int = 4096
-                 ) -> tuple[list[np.ndarray], np.ndarray]:
+                 ) -> list[np.ndarray]:
     """The nodes whose layer outputs the full-neighbourhood outputs of ``targets`` need.
 
     Args:
@@ -113,19 +115,19 @@ def needed_nodes(sampler, targets: np.ndarray, num_layers: int, batch_size: int 
         batch_size: destinations per sampler call.
 
     Returns:
-        ``(dests, inputs)``, sorted unique int64 ids: ``dests[L - 1]`` the targets, ``dests[i]``
-        ``dests[i + 1]`` and their in-neighbours (the nodes whose layer-``i`` output is needed),
-        ``inputs`` ``dests[0]`` and their in-neighbours (the feature rows layer 0 reads).
+        ``dests`` of length L, sorted unique int64 ids: ``dests[L - 1]`` the targets, ``dests[i]``
+        ``dests[i + 1]`` and their in-neighbours (the nodes whose layer-``i`` output is needed;
+        layer 0 reads the feature rows of ``dests[0]`` and their in-neighbours).
     """
     cur = np.unique(np.asarray(targets, dtype=np.int64))
     dests = [cur]
-    for _ in range(num_layers):
+    for _ in range(num_layers - 1):
         parts = [cur]
         for s in range(0, cur.shape[0], batch_size):
             parts.append(np.asarray(sampler.sample(cur[s:s + batch_size], 0).nodes, dtype=np.int64))
         cur = np.unique(np.concatenate(parts))
         dests.insert(0, cur)
-    return dests[1:], dests[0]
+    return dests
 
 
 @torch.no_grad()
@@ -181,19 +183,20 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
     dests: list[np.ndarray | None] = [None] * L
     halo: LayerOutput | None = None
     if targets is not None:
-        dests, inputs = needed_nodes(sampler, targets, L, max(batch_size, 4096))  # type: ignore[assignment]
+        dests = needed_nodes(sampler, targets, L, max(batch_size, 4096))  # type: ignore[assignment]
         owner = np.searchsorted(offsets, dests[0], side="right") - 1  # type: ignore[arg-type]
         halo_ids = _cut_inputs(sampler, dests[0], owner, offsets, max(batch_size, 4096))  # type: ignore[arg-type]
         row_bytes = int(np.prod(data.feat_shape[1:], dtype=np.int64)) * np.dtype(data.buffer.features.dtype).itemsize
         if halo_ids.shape[0] and (memory is None or halo_ids.shape[0] * row_bytes <= memory):
             halo = LayerOutput(data.buffer.gather(halo_ids)[0], halo_ids)
-        del inputs
     rows = [n if d is None else int(d.shape[0]) for d in dests]
     sizes = [r * w * 4 for r, w in zip(rows, model.dims[1:])]
     widest = max(sizes)
     peak = max([(0 if halo is None else int(halo.array.nbytes)) + sizes[0]]
                + [sizes[i - 1] + sizes[i] for i in range(1, L)])
     fits = widest <= IN_MEMORY_LIMIT and (memory is None or peak <= memory)
+    # layer 0's sequential reads: what memory leaves beside the cut rows and layer 0's output
+    window_cap = WINDOW_BYTES if memory is None else max(0, memory - (peak if fits else 0))
     root = Path(out_dir) if out_dir is not None and (memory is None or not fits) else None
     if root is not None:
         root.mkdir(parents=True, exist_ok=True)
@@ -217,8 +220,11 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
             else:
                 writer, mem = None, np.empty((rows[i], width), dtype=np.float32)
             done = 0
-            for p in range(num_parts):
-                a, b = int(offsets[p]), int(offsets[p + 1])
+            # layer 0 reads runs of partitions (none resident) in one sequential read each, up to
+            # `window` bytes; later layers read the previous output, in blocks across partitions
+            groups = _groups(data, offsets, window_cap) if i == 0 else [(0, num_parts)]
+            for p, q in groups:
+                a, b = int(offsets[p]), int(offsets[q])
                 if d_i is None:
                     here = None
                     count = b - a
@@ -228,9 +234,8 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
                     count = int(hi - lo)
                 if count == 0:
                     continue
-                # layer 0: the partition's rows in one sequential read unless resident (the buffer
-                # is not moved: a shared buffer's other ranks may be reading it)
-                window = data.partition_rows(p) if i == 0 else None
+                # (the buffer is not moved: a shared buffer's other ranks may be reading it)
+                window = data.partition_rows(p, q) if i == 0 else None
                 for s in range(0, count, batch_size):
                     e = min(s + batch_size, count)
                     dst = np.arange(a + s, a + e, dtype=np.int64) if here is None else here[s:e]
@@ -268,6 +273,23 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
     finally:
         bar.close()
     return outputs
+
+
+def _groups(data: "DataPath", offsets: np.ndarray, cap: int) -> list[tuple[int, int]]:
+    """Runs ``[p, q)`` of consecutive partitions that layer 0 reads in one sequential read each:
+    none resident and at most ``cap`` bytes together (a resident or larger partition alone)."""
+    row_bytes = int(np.prod(data.feat_shape[1:], dtype=np.int64)) * np.dtype(data.buffer.features.dtype).itemsize
+    out: list[tuple[int, int]] = []
+    p, n = 0, offsets.shape[0] - 1
+    while p < n:
+        q = p + 1
+        if data.buffer.slot_of[p] < 0:
+            while (q < n and data.buffer.slot_of[q] < 0
+                   and (int(offsets[q + 1]) - int(offsets[p])) * row_bytes <= cap):
+                q += 1
+        out.append((p, q))
+        p = q
+    return out
 
 
 def _cut_inputs(sampler, dests: np.ndarray, owner: np.ndarray, offsets: np.ndarray,

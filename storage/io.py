@@ -557,12 +557,14 @@ class DiskRows:
         return self.read_range_async(start, stop, dst).wait()
 
     def read_rows(self, start: int, stop: int) -> np.ndarray:
-        """Rows ``[start, stop)`` as a new array of the array's dtype and shape."""
+        """Rows ``[start, stop)`` as a new array of the array's dtype and shape: a view into the
+        aligned buffer they were read into, which it keeps alive (at most 2 x ``ALIGN`` bytes beyond
+        the rows; the items stay aligned: the rows start a multiple of the item size into it)."""
         off, nbytes, shift = self.span(start, stop)
         buf = aligned_empty(nbytes)
         self.read_range(start, stop, buf)
         n = (stop - start) * self.row_bytes
-        return buf[shift:shift + n].view(self.dtype).reshape((stop - start, *self.shape[1:])).copy()
+        return buf[shift:shift + n].view(self.dtype).reshape((stop - start, *self.shape[1:]))
 
     # ------------------------------------------------------------------ gathers
     def plan(self, uniq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

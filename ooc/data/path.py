@@ -461,13 +461,14 @@ class DataPath:
         return Batch(index, mb.seeds, blocks, x, y, mb.num_sampled_edges, t1 - t0 + sampled_s,
                      time.perf_counter() - t1, split)
 
-    def partition_rows(self, p: int) -> np.ndarray | None:
-        """The stored rows of partition ``p`` when it is not resident (one sequential read, counted
-        in the buffer's bytes), or None when it is (layer-wise inference reads partition by
-        partition without moving the buffer)."""
-        if self.buffer.slot_of[p] >= 0:
+    def partition_rows(self, p: int, q: int | None = None) -> np.ndarray | None:
+        """The stored rows of partitions ``[p, q)`` (default ``q = p + 1``) when none is resident
+        (one sequential read, counted in the buffer's bytes), or None when one is (layer-wise
+        inference reads partition by partition without moving the buffer)."""
+        q = p + 1 if q is None else q
+        if (self.buffer.slot_of[p:q] >= 0).any():
             return None
-        a, b = int(self.offsets[p]), int(self.offsets[p + 1])
+        a, b = int(self.offsets[p]), int(self.offsets[q])
         rows = self.buffer.features.read_rows(a, b)
         self.buffer.stats.bytes_read += int(rows.nbytes)
         return rows

@@ -133,7 +133,11 @@ def evaluate_node_layerwise(model: GNN, task: "NodeTask", device: torch.device |
     rest spilled to ``out_dir``)."""
     from ooc.inference import layerwise_inference
     targets = np.concatenate([task.val_ids, task.test_ids]).astype(np.int64, copy=False)
-    outs = layerwise_inference(model, task.data, task.cfg.eval_batch_size, out_dir, device,
+    # a block of one layer reads about the rows a sampled evaluation batch reads over all layers
+    # (its destinations times the graph's branching for the other layers), up to 64 K destinations
+    branching = 1.0 + task.ds.num_edges / max(task.ds.num_nodes, 1)
+    block = int(min(1 << 16, task.cfg.eval_batch_size * branching ** (model.num_layers - 1)))
+    outs = layerwise_inference(model, task.data, max(block, task.cfg.eval_batch_size), out_dir, device,
                                keep=(model.num_layers - 1,), targets=targets, memory=memory)
     logits = outs[model.num_layers - 1]
     labels = task.ds.labels

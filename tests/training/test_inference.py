@@ -79,9 +79,9 @@ def test_layerwise_over_targets_equals_sampled_full_neighbourhood(planted_datase
     np.testing.assert_array_equal(outs[2].ids, ids)  # only the targets' rows, sorted
     # layer 0 computed the 2-hop neighbourhood of the targets and nothing else
     from ooc.inference import needed_nodes
-    dests, inputs = needed_nodes(task.data.eval_sampler([-1]), targets, 3)
+    dests = needed_nodes(task.data.eval_sampler([-1]), targets, 3)
     np.testing.assert_array_equal(outs[0].ids, dests[0])
-    assert dests[0].shape[0] < ds.num_nodes and inputs.shape[0] >= dests[0].shape[0]
+    assert dests[2].shape[0] < dests[1].shape[0] < dests[0].shape[0] < ds.num_nodes
     b = task.data.eval_batch(0, ids, task.data.eval_sampler([-1, -1, -1]))
     with torch.no_grad():
         expect = net(b.blocks, b.x.float()).numpy()
@@ -101,11 +101,11 @@ def test_needed_nodes_of_a_path_are_the_hops_behind_the_targets() -> None:
     indptr = np.array([0, 0, 1, 2, 3, 4, 5], dtype=np.int64)
     indices = np.array([0, 1, 2, 3, 4], dtype=np.int64)
     sampler = NeighborSampler(indptr, indices, [-1])
-    dests, inputs = needed_nodes(sampler, np.array([4, 4]), 2, batch_size=1)
-    assert [d.tolist() for d in dests] == [[3, 4], [4]]
-    assert inputs.tolist() == [2, 3, 4]
-    dests, inputs = needed_nodes(sampler, np.array([1, 0]), 3)
-    assert [d.tolist() for d in dests] == [[0, 1], [0, 1], [0, 1]] and inputs.tolist() == [0, 1]
+    dests = needed_nodes(sampler, np.array([4, 4]), 3, batch_size=1)
+    assert [d.tolist() for d in dests] == [[2, 3, 4], [3, 4], [4]]
+    dests = needed_nodes(sampler, np.array([1, 0]), 3)
+    assert [d.tolist() for d in dests] == [[0, 1], [0, 1], [0, 1]]
+    assert [d.tolist() for d in needed_nodes(sampler, np.array([5]), 1)] == [[5]]
 
 
 def test_eval_mode_layerwise_matches_sampled(planted_dataset: Path, tmp_path: Path) -> None:
