@@ -46,6 +46,9 @@ log = logging.getLogger("ooc.inference")
 IN_MEMORY_LIMIT = 1 << 30
 #: Layer 0's sequential reads of consecutive partitions, without a memory bound (bytes).
 WINDOW_BYTES = 64 << 20
+#: Most passes of layer 0 over the partitions, each with the cut rows of its own range held; beyond
+#: it the cut rows are gathered batch by batch.
+MAX_HALO_PHASES = 4
 
 
 def layers_in_memory(num_nodes: int, width: int, staging: int | None, kept: int = 2) -> bool:
@@ -154,12 +157,13 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
         targets: int64 node ids whose last-layer outputs are wanted (None: every node).  Layer
             ``i`` then computes only the nodes within ``L - 1 - i`` hops of them
             (:func:`needed_nodes`), and layer 0 reads only the partitions holding such nodes.
-        memory: bytes this pass may hold besides a batch (the parts of a budget idle while a run
-            evaluates), or None.  With ``targets``, the layer-0 inputs outside the partition of the
-            destinations that read them (the cut rows) are gathered once, sorted and coalesced,
-            before layer 0 when they fit it (None: always) instead of batch by batch; the layer
-            outputs stay in memory when they fit beside them (two consecutive layers, or the cut
-            rows and layer 0), else they go to ``out_dir``.
+        memory: bytes this pass may hold (the parts of a budget idle while a run evaluates), or
+            None (no bound; layer 0 reads up to :data:`WINDOW_BYTES` at once).  Spent in order on
+            a block in flight (its rows stored and as float32, its output), two consecutive layers'
+            outputs (else they go to ``out_dir``), the layer-0 inputs outside the partition of the
+            destinations that read them (the cut rows, with ``targets``: gathered once, sorted and
+            coalesced, before layer 0; else batch by batch), and layer 0's sequential reads of
+            consecutive partitions (at least one partition each).
 
     Returns:
         ``{layer index: LayerOutput}`` for the kept layers; row ``v`` is node ``v`` (internal ids),
@@ -182,21 +186,32 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
     num_parts = offsets.shape[0] - 1
     dests: list[np.ndarray | None] = [None] * L
     halo: LayerOutput | None = None
+    feats = data.buffer.features
+    row_bytes = int(np.prod(feats.shape[1:], dtype=np.int64)) * np.dtype(feats.dtype).itemsize
+    cut: dict[int, np.ndarray] = {}
     if targets is not None:
         dests = needed_nodes(sampler, targets, L, max(batch_size, 4096))  # type: ignore[assignment]
         owner = np.searchsorted(offsets, dests[0], side="right") - 1  # type: ignore[arg-type]
-        halo_ids = _cut_inputs(sampler, dests[0], owner, offsets, max(batch_size, 4096))  # type: ignore[arg-type]
-        row_bytes = int(np.prod(data.feat_shape[1:], dtype=np.int64)) * np.dtype(data.buffer.features.dtype).itemsize
-        if halo_ids.shape[0] and (memory is None or halo_ids.shape[0] * row_bytes <= memory):
-            halo = LayerOutput(data.buffer.gather(halo_ids)[0], halo_ids)
+        cut = _cut_inputs(sampler, dests[0], owner, offsets, max(batch_size, 4096))  # type: ignore[arg-type]
     rows = [n if d is None else int(d.shape[0]) for d in dests]
     sizes = [r * w * 4 for r, w in zip(rows, model.dims[1:])]
     widest = max(sizes)
-    peak = max([(0 if halo is None else int(halo.array.nbytes)) + sizes[0]]
-               + [sizes[i - 1] + sizes[i] for i in range(1, L)])
-    fits = widest <= IN_MEMORY_LIMIT and (memory is None or peak <= memory)
-    # layer 0's sequential reads: what memory leaves beside the cut rows and layer 0's output
-    window_cap = WINDOW_BYTES if memory is None else max(0, memory - (peak if fits else 0))
+    # memory, in order: a block in flight (its rows stored and as float32, its output, ids),
+    # two consecutive layers' outputs, the cut rows, then layer 0's sequential reads
+    ip = data.graph.indptr
+    branching = 1.0 + float(ip[-1]) / max(n, 1) if ip is not None else 1.0
+    block = int(batch_size * branching * (row_bytes + 4 * model.dims[0] + 4 * max(model.dims[1:]) + 24))
+    layers = max([sizes[0]] + [sizes[i - 1] + sizes[i] for i in range(1, L)])
+    fits = widest <= IN_MEMORY_LIMIT and (memory is None or block + layers <= memory)
+    left = None if memory is None else memory - block - (layers if fits else 0)
+    # the cut rows: one range of partitions whose cut rows fit at a time (a few sequential passes
+    # of layer 0), else batch by batch
+    phases = _halo_phases(cut, num_parts, row_bytes, left) if targets is not None else None
+    if phases is not None and left is not None:
+        left -= max(int(c.shape[0]) for _, _, c in phases) * row_bytes
+    if phases is None:
+        phases = [(0, num_parts, None)]  # type: ignore[list-item]
+    window_cap = WINDOW_BYTES if left is None else max(0, left)
     root = Path(out_dir) if out_dir is not None and (memory is None or not fits) else None
     if root is not None:
         root.mkdir(parents=True, exist_ok=True)
@@ -221,9 +236,14 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
                 writer, mem = None, np.empty((rows[i], width), dtype=np.float32)
             done = 0
             # layer 0 reads runs of partitions (none resident) in one sequential read each, up to
-            # `window` bytes; later layers read the previous output, in blocks across partitions
-            groups = _groups(data, offsets, window_cap) if i == 0 else [(0, num_parts)]
-            for p, q in groups:
+            # `window` bytes, each phase's cut rows held; later layers read the previous output,
+            # in blocks across partitions
+            groups = [(p, q, c) for p0, q0, c in phases for p, q in _groups(data, offsets, window_cap, p0, q0)] \
+                if i == 0 else [(0, num_parts, None)]
+            for p, q, c in groups:
+                if i == 0 and c is not None and (halo is None or halo.ids is not c):
+                    halo = None  # the previous phase's rows go first
+                    halo = LayerOutput(data.buffer.gather(c)[0], c)
                 a, b = int(offsets[p]), int(offsets[q])
                 if d_i is None:
                     here = None
@@ -275,12 +295,14 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
     return outputs
 
 
-def _groups(data: "DataPath", offsets: np.ndarray, cap: int) -> list[tuple[int, int]]:
-    """Runs ``[p, q)`` of consecutive partitions that layer 0 reads in one sequential read each:
-    none resident and at most ``cap`` bytes together (a resident or larger partition alone)."""
+def _groups(data: "DataPath", offsets: np.ndarray, cap: int, start: int, stop: int
+            ) -> list[tuple[int, int]]:
+    """Runs ``[p, q)`` of consecutive partitions in ``[start, stop)`` that layer 0 reads in one
+    sequential read each: none resident and at most ``cap`` bytes together (a resident or larger
+    partition alone)."""
     row_bytes = int(np.prod(data.feat_shape[1:], dtype=np.int64)) * np.dtype(data.buffer.features.dtype).itemsize
     out: list[tuple[int, int]] = []
-    p, n = 0, offsets.shape[0] - 1
+    p, n = start, stop
     while p < n:
         q = p + 1
         if data.buffer.slot_of[p] < 0:
@@ -293,20 +315,52 @@ def _groups(data: "DataPath", offsets: np.ndarray, cap: int) -> list[tuple[int, 
 
 
 def _cut_inputs(sampler, dests: np.ndarray, owner: np.ndarray, offsets: np.ndarray,
-                batch_size: int) -> np.ndarray:
-    """Sorted unique layer-0 inputs of ``dests`` lying outside the partition of a destination that
-    reads them (``owner``: each destination's partition; batches never span two partitions)."""
-    cut = [np.empty(0, dtype=np.int64)]
+                batch_size: int) -> dict[int, np.ndarray]:
+    """Per partition ``p``, the sorted unique layer-0 inputs of its destinations lying outside it
+    (``owner``: each destination's partition, ``dests`` sorted)."""
+    cut: dict[int, np.ndarray] = {}
     bounds = np.flatnonzero(np.diff(owner)) + 1
     for seg in np.split(np.arange(dests.shape[0]), bounds):
         if seg.shape[0] == 0:
             continue
         p = int(owner[seg[0]])
         a, b = int(offsets[p]), int(offsets[p + 1])
+        got = []
         for s in range(0, seg.shape[0], batch_size):
             nodes = np.asarray(sampler.sample(dests[seg[s:s + batch_size]], 0).nodes, dtype=np.int64)
-            cut.append(nodes[(nodes < a) | (nodes >= b)])
-    return np.unique(np.concatenate(cut))
+            got.append(nodes[(nodes < a) | (nodes >= b)])
+        cut[p] = np.unique(np.concatenate(got))
+    return cut
+
+
+def _halo_phases(cut: dict[int, np.ndarray], num_parts: int, row_bytes: int, cap: int | None
+                 ) -> list[tuple[int, int, np.ndarray]] | None:
+    """Consecutive partition ranges ``(p, q, cut rows)`` whose cut rows fit ``cap`` bytes each
+    (None: one range), at most :data:`MAX_HALO_PHASES` of them; None when they would be more
+    (the cut rows are then gathered batch by batch)."""
+    if not cut:
+        return [(0, num_parts, np.empty(0, dtype=np.int64))]
+    whole = np.unique(np.concatenate(list(cut.values())))
+    if cap is None or whole.shape[0] * row_bytes <= cap:
+        return [(0, num_parts, whole)]
+    if cap < row_bytes:
+        return None
+    phases: list[tuple[int, int, np.ndarray]] = []
+    start, held = 0, 0
+    for p in range(num_parts):
+        k = int(cut[p].shape[0]) if p in cut else 0
+        if held and (held + k) * row_bytes > cap:  # (ids repeated across partitions counted twice)
+            phases.append((start, p, np.empty(0, dtype=np.int64)))
+            start, held = p, 0
+        held += k
+    phases.append((start, num_parts, np.empty(0, dtype=np.int64)))
+    if len(phases) > MAX_HALO_PHASES or any(
+            sum(int(cut[p].shape[0]) for p in range(a, b) if p in cut) * row_bytes > cap
+            for a, b, _ in phases):
+        return None
+    return [(a, b, np.unique(np.concatenate([cut[p] for p in range(a, b) if p in cut]
+                                            or [np.empty(0, dtype=np.int64)])))
+            for a, b, _ in phases]
 
 
 def _layer0_rows(data: "DataPath", ids: np.ndarray, a: int, b: int, window: np.ndarray | None,

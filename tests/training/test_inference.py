@@ -94,6 +94,48 @@ def test_layerwise_over_targets_equals_sampled_full_neighbourhood(planted_datase
     task.close()
 
 
+def test_cut_rows_held_in_phases_give_the_same_outputs(planted_dataset: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import ooc.inference as inf
+    cfg = _cfg(planted_dataset, tmp_path / "run", fanouts=[4, 4])
+    cfg.validate()
+    ds = Dataset(planted_dataset)
+    task = NodeTask(cfg, ds)
+    torch.manual_seed(0)
+    net = make_model(cfg, ds.feat_dim, task.out_dim).eval()
+    targets = np.arange(0, ds.num_nodes, 97)
+    whole = layerwise_inference(net, task.data, 64, keep=(1,), targets=targets)[1]
+    used = []
+    real = inf._halo_phases
+
+    def thirds(cut, num_parts, row_bytes, cap):  # room for about a third of the cut rows
+        counts = [c.shape[0] for c in cut.values()]
+        total = np.unique(np.concatenate(list(cut.values()))).shape[0]
+        got = real(cut, num_parts, row_bytes, max(max(counts), total // 2) * row_bytes)
+        used.append(got)
+        return got
+    monkeypatch.setattr(inf, "_halo_phases", thirds)
+    phased = layerwise_inference(net, task.data, 64, keep=(1,), targets=targets)[1]
+    assert used and used[0] is not None and 2 <= len(used[0]) <= inf.MAX_HALO_PHASES
+    assert [(a, b) for a, b, _ in used[0]] == sorted((a, b) for a, b, _ in used[0])
+    assert used[0][0][0] == 0 and used[0][-1][1] == ds.partition_offsets.shape[0] - 1
+    np.testing.assert_array_equal(phased.ids, whole.ids)
+    np.testing.assert_allclose(phased.array, whole.array, rtol=1e-5, atol=1e-6)
+    task.close()
+
+
+def test_halo_phases_split_partitions_by_their_cut_rows() -> None:
+    from ooc.inference import _halo_phases
+    cut = {0: np.array([5, 6]), 1: np.array([0, 9]), 2: np.array([1]), 3: np.array([2, 3, 4])}
+    assert [(a, b, c.tolist()) for a, b, c in _halo_phases(cut, 4, 10, None)] == \
+        [(0, 4, [0, 1, 2, 3, 4, 5, 6, 9])]
+    assert [(a, b, c.tolist()) for a, b, c in _halo_phases(cut, 4, 10, 40)] == \
+        [(0, 2, [0, 5, 6, 9]), (2, 4, [1, 2, 3, 4])]
+    assert _halo_phases(cut, 4, 10, 25) is None  # partition 3 alone needs 30 bytes
+    assert _halo_phases(cut, 4, 10, 5) is None  # not one row
+    assert [(a, b) for a, b, _ in _halo_phases({}, 3, 10, 0)] == [(0, 3)]
+
+
 def test_needed_nodes_of_a_path_are_the_hops_behind_the_targets() -> None:
     from ooc.inference import needed_nodes
     from ooc.sampling.samplers import NeighborSampler
