@@ -285,9 +285,12 @@ class TrainConfig:
     threads: int = _opt(0, "train", "torch intra-op threads (0 = torch's default)")
     # evaluation
     eval_every: int = _opt(1, "eval", "evaluate every N epochs")
-    eval_mode: str = _opt("sampled", "eval", "per-epoch evaluation: sampled (full neighbourhoods of "
-                          "the evaluated seeds) or layerwise (all nodes, layer by layer)",
-                          choices=("sampled", "layerwise"))
+    eval_mode: str = _opt("auto", "eval", "per-epoch evaluation: sampled (the evaluated seeds' "
+                          "neighbourhoods, batch by batch), layerwise (layer by layer over what the "
+                          "evaluated nodes need, each node once) or auto (layerwise for a node task "
+                          "under a memory budget with full neighbourhoods, one process and a "
+                          "built-in model; else sampled)",
+                          choices=("auto", "sampled", "layerwise"))
     eval_fanouts: list[int] = _opt([], "eval", "sampled evaluation: neighbours per layer, output layer "
                                    "first (empty = all neighbours, exact for the evaluated seeds; on "
                                    "large power-law graphs full 3-hop neighbourhoods reach most of the "
@@ -423,6 +426,10 @@ class TrainConfig:
             if len(self.eval_fanouts) != len(self.fanouts):
                 raise ValueError(f"eval_fanouts {self.eval_fanouts} must have one entry per layer "
                                  f"({len(self.fanouts)}, as fanouts {self.fanouts})")
+            if self.eval_mode == "layerwise" and any(f != -1 for f in self.eval_fanouts):
+                raise ValueError(f"--eval-fanout {','.join(map(str, self.eval_fanouts))} samples the "
+                                 "evaluated neighbourhoods; --eval-mode layerwise uses them whole "
+                                 "(drop one of the two)")
         if self.partitions < 0:
             raise ValueError(f"partitions must be >= 0 (0: the dataset's), got {self.partitions}")
         for name in ("batch_size", "eval_batch_size", "epochs", "buffer_partitions",

@@ -146,7 +146,8 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
         model: the GNN (put in eval mode here).
         data: the run's data path: topology ``indptr``/``indices`` (the graph messages flow on),
             ``degrees``, partition ``offsets`` and the loader whose buffer serves layer-0 features.
-        batch_size: destination nodes per block.
+        batch_size: destination nodes per block (fewer where a block would take more than a
+            quarter of ``memory``).
         out_dir: folder for the per-layer Zarr arrays ``layer{i}`` (created; must not hold them).
             ``None``: in memory (refused for a layer above :data:`IN_MEMORY_LIMIT` bytes).  With
             ``memory``, only where the layers do not fit it.
@@ -200,7 +201,10 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
     # two consecutive layers' outputs, the cut rows, then layer 0's sequential reads
     ip = data.graph.indptr
     branching = 1.0 + float(ip[-1]) / max(n, 1) if ip is not None else 1.0
-    block = int(batch_size * branching * (row_bytes + 4 * model.dims[0] + 4 * max(model.dims[1:]) + 24))
+    per_dest = int(branching * (row_bytes + 4 * model.dims[0] + 4 * max(model.dims[1:]) + 24))
+    if memory is not None:  # a block takes at most a quarter of the memory (at least 64 nodes)
+        batch_size = max(64, min(batch_size, memory // 4 // max(per_dest, 1)))
+    block = batch_size * per_dest
     layers = max([sizes[0]] + [sizes[i - 1] + sizes[i] for i in range(1, L)])
     fits = widest <= IN_MEMORY_LIMIT and (memory is None or block + layers <= memory)
     left = None if memory is None else memory - block - (layers if fits else 0)

@@ -11,8 +11,8 @@ the same run of ``--baseline-python``'s ooc, an older checkout, when given) -- `
 ``hybrid-pq`` (``--miss-features pq``; the dataset is compressed first if it has no codes) and
 ``exact`` (its default read-ahead windows; ``exact-cache``: ``--read-ahead 0``, per-batch reads
 behind the CPU row cache; ``exact-belady``: with ``--cache-policy belady``; ``hybrid-serial`` and
-``exact-serial``: ``--sample-ahead 0``, batches sampled on the loader thread; ``hybrid-layerwise`` and
-``exact-layerwise``: ``--eval-mode layerwise``), each at ``--budget`` (default
+``exact-serial``: ``--sample-ahead 0``, batches sampled on the loader thread; ``-layerwise`` and
+``-sampled``: ``--eval-mode layerwise`` / ``sampled``, ``auto`` being layer-wise out of core), each at ``--budget`` (default
 dataset / 3) with O_DIRECT reads.  Repetition ``i`` uses seed
 ``i`` for every run, so the repetitions also give the accuracy over seeds.  Same model and
 hyper-parameters for all: GraphSAGE-mean, 2 layers, ``--fanout``, ``--batch-size``, ``--hidden``,
@@ -40,8 +40,8 @@ from pathlib import Path
 __all__ = ["PEER_MODES", "run_bench_peer", "add_bench_peer"]
 
 #: --modes entries
-PEER_MODES = ("resident", "hybrid", "hybrid-pq", "hybrid-serial", "hybrid-layerwise", "exact", "exact-cache",
-              "exact-belady", "exact-serial", "exact-layerwise")
+PEER_MODES = ("resident", "hybrid", "hybrid-pq", "hybrid-serial", "hybrid-layerwise", "hybrid-sampled", "exact",
+              "exact-cache", "exact-belady", "exact-serial", "exact-layerwise", "exact-sampled")
 
 
 def _default_peers() -> Path:
@@ -99,7 +99,8 @@ def _mode_args(mode: str, budget: int) -> list[str]:
         + (["--cache-policy", "belady"] if mode == "exact-belady" else []) \
         + (["--read-ahead", "0"] if mode == "exact-cache" else []) \
         + (["--sample-ahead", "0"] if mode.endswith("-serial") else []) \
-        + (["--eval-mode", "layerwise"] if mode.endswith("-layerwise") else [])
+        + (["--eval-mode", "layerwise"] if mode.endswith("-layerwise") else []) \
+        + (["--eval-mode", "sampled"] if mode.endswith("-sampled") else [])
 
 
 _NAMES = {"resident": "ooc, everything resident", "hybrid": "ooc hybrid, budget {}",
@@ -109,7 +110,9 @@ _NAMES = {"resident": "ooc, everything resident", "hybrid": "ooc hybrid, budget 
           "hybrid-serial": "ooc hybrid --sample-ahead 0, budget {}",
           "exact-serial": "ooc exact --sample-ahead 0, budget {}",
           "hybrid-layerwise": "ooc hybrid --eval-mode layerwise, budget {}",
-          "exact-layerwise": "ooc exact --eval-mode layerwise, budget {}"}
+          "exact-layerwise": "ooc exact --eval-mode layerwise, budget {}",
+          "hybrid-sampled": "ooc hybrid --eval-mode sampled, budget {}",
+          "exact-sampled": "ooc exact --eval-mode sampled, budget {}"}
 
 
 def _run_ooc(dataset: Path, out: Path, mode: str, budget: int, a: argparse.Namespace, seed: int,

@@ -360,6 +360,11 @@ def _print_summary(m: dict) -> None:
           f"{m.get('cache_hit_ratio', 0.0):.3f}" + (f", {approx:,} decoded from PQ codes" if approx else "")
           + ", the rest read from disk)")
     hist = m.get("history") or [{}]
+    if m.get("eval_mode"):
+        ev = [h["eval_time_s"] for h in hist if h.get("eval_time_s")]
+        print("evaluation    " + ("layer-wise, each node the validation and test nodes need once"
+                                  if m["eval_mode"] == "layerwise" else "sampled batches of seeds")
+              + (f", {sum(ev) / len(ev):.2f} s mean" if ev else ""))
     machine = max((h.get("machine_data_peak_bytes", 0) for h in hist), default=0)
     ranks = (m.get("distributed") or {}).get("world_size", 1)
     print(f"memory        buffer {_human(m['buffer_bytes'])} of {_human(m['dataset_feature_bytes'])} "

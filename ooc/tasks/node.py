@@ -32,7 +32,8 @@ from ooc.data.plan import shard_plan
 from ooc.models import GNN, takes_half
 from ooc.storage.dataset import Dataset
 
-__all__ = ["NodeTask", "scores", "node_loss_sum", "evaluate_nodes", "evaluate_node_layerwise"]
+__all__ = ["NodeTask", "scores", "node_loss_sum", "evaluate_nodes", "evaluate_node_layerwise",
+           "node_eval_mode"]
 
 log = logging.getLogger("ooc.tasks")
 
@@ -154,6 +155,22 @@ def evaluate_node_layerwise(model: GNN, task: "NodeTask", device: torch.device |
     return res
 
 
+def node_eval_mode(cfg: TrainConfig, world_size: int, resident: bool) -> str:
+    """``sampled`` or ``layerwise``: ``cfg.eval_mode``, with ``auto`` resolved to ``layerwise``
+    out of core (a memory budget that does not hold every partition, ``resident`` False: each
+    needed node's layers computed once and the feature rows read partition by partition beat
+    per-batch neighbourhoods read row by row; measured in docs/benchmarks.md) when evaluation uses
+    full neighbourhoods, one process evaluates (layer-wise evaluation is not split across ranks)
+    and the model is built in (a custom one may lack ``layer_forward``)."""
+    if cfg.eval_mode != "auto":
+        return cfg.eval_mode
+    from ooc.interop.custom import is_custom
+    full = all(f == -1 for f in evaluation_fanouts(cfg))
+    if cfg.memory_budget and not resident and full and world_size == 1 and not is_custom(cfg.model):
+        return "layerwise"
+    return "sampled"
+
+
 class NodeTask:
     """Node classification (see the module docstring).
 
@@ -199,6 +216,9 @@ class NodeTask:
         from ooc.interop.ogb import ogb_scorer
         self.ogb, ogb_info = ogb_scorer(ds)  # OGB's Evaluator for datasets converted from OGB
         self.info: dict = {"ogb": ogb_info} if ogb_info else {}
+        bp = self.data.budget
+        self.eval_mode = node_eval_mode(cfg, self.job.world_size, bp.slots >= bp.num_parts)
+        self.info["eval_mode"] = self.eval_mode
         self._plan: Plan | None = None
         self._plan_epoch = -1
 
@@ -277,7 +297,7 @@ class NodeTask:
     def evaluate(self, model: GNN, device: torch.device) -> dict:
         """``val_acc``, ``val_loss`` and ``test_acc`` (micro-F1 under the same keys when
         multi-label), exact over all ranks (see the module docstring)."""
-        if self.cfg.eval_mode == "layerwise":
+        if self.eval_mode == "layerwise":
             from ooc.inference import IN_MEMORY_LIMIT
             # under a budget: its parts idle while evaluating (batches in flight, the read-ahead
             # window, the samples ahead); without: a layer up to the limit

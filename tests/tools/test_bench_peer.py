@@ -18,7 +18,8 @@ def test_every_mode_is_a_train_command_line_with_a_name(mode: str) -> None:
     want = {"hybrid-pq": ["--miss-features", "pq"], "exact-cache": ["--read-ahead", "0"],
             "exact-belady": ["--cache-policy", "belady"], "hybrid-serial": ["--sample-ahead", "0"],
             "exact-serial": ["--sample-ahead", "0"], "hybrid-layerwise": ["--eval-mode", "layerwise"],
-            "exact-layerwise": ["--eval-mode", "layerwise"]}.get(mode, [])
+            "exact-layerwise": ["--eval-mode", "layerwise"], "hybrid-sampled": ["--eval-mode", "sampled"],
+            "exact-sampled": ["--eval-mode", "sampled"]}.get(mode, [])
     pos = [i for i in range(len(args)) if args[i:i + len(want)] == want] if want else [0]
     assert pos, (mode, args)
     assert ("--sample-ahead" in args) == mode.endswith("-serial")

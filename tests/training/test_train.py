@@ -179,6 +179,9 @@ def test_sampled_evaluation_fanouts(planted_dataset: Path, tmp_path: Path) -> No
         evaluate_nodes(torch.nn.Identity(), spy, np.arange(10), 2, 4, fanouts=[3])
     with pytest.raises(ValueError, match="one entry per layer"):
         _cfg(planted_dataset, tmp_path / "bad", eval_fanouts=[5]).validate()
+    with pytest.raises(ValueError, match="--eval-mode layerwise uses them whole"):
+        _cfg(planted_dataset, tmp_path / "bad", eval_fanouts=[5, -1], eval_mode="layerwise").validate()
+    _cfg(planted_dataset, tmp_path / "ok", eval_fanouts=[-1, -1], eval_mode="layerwise").validate()
     # planner: full 3-hop neighbourhoods of 1,024 seeds on a 50 M-node, degree-20 graph are
     # estimated at the whole graph; sampled 15,10,5 batches (three training batches in flight
     # dominate then) at a fraction of it
