@@ -491,6 +491,8 @@ class BufferManager:
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         n = ids.shape[0]
         out = np.empty((n, *self.features.shape[1:]), dtype=self.features.dtype)
+        if n == 0:
+            return out, 0
         flat = out.reshape(n, -1).view(np.uint8).reshape(n, self.row_bytes)
         used = np.full(n, -1, dtype=np.int64)
         hits = 0

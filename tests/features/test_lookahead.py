@@ -310,9 +310,9 @@ def test_exact_evaluation_reads_ahead_in_the_training_window(wide_planted: Path,
                                                              tmp_path: Path) -> None:
     """``--read-ahead auto`` in exact mode under a budget: the window takes the cache's memory,
     evaluation reads its batches' rows together in the same memory, and losses and scores are
-    those of reading per batch."""
+    those of reading per batch (sampled evaluation: out of core the default evaluates layer-wise)."""
     kw = dict(memory_budget="4MB", topology="memory", batch_size=16, fanouts=[3, 3],
-              eval_batch_size=16, epochs=1)
+              eval_batch_size=16, epochs=1, eval_mode="sampled")
     off = train(_cfg(wide_planted, tmp_path / "off", read_ahead="0", **kw))
     on = train(_cfg(wide_planted, tmp_path / "on", **kw))
     assert on["losses"] == off["losses"]

@@ -1,0 +1,48 @@
+"""Which per-epoch evaluation a node task runs (``--eval-mode auto``), and that out of core the
+layer-wise one scores what sampled full-neighbourhood evaluation scores."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ooc.config import TrainConfig
+from ooc.tasks.node import node_eval_mode
+from ooc.training.loop import train
+
+
+def _cfg(ds: Path | str, out: Path | str, **kw: object) -> TrainConfig:
+    base = dict(dataset=str(ds), output_dir=str(out), model="sage", fanouts=[5, 5], batch_size=64,
+                epochs=2, seed=3, partitions=8, progress=False, hidden=16, eval_batch_size=64)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.mark.parametrize("kw, world, resident, want", [
+    (dict(memory_budget="4MB"), 1, False, "layerwise"),                     # out of core
+    (dict(memory_budget="4MB"), 1, True, "sampled"),                        # every partition resident
+    (dict(), 1, False, "sampled"),                                          # no budget
+    (dict(memory_budget="4MB"), 2, False, "sampled"),                       # ranks split sampled seeds
+    (dict(memory_budget="4MB", eval_fanouts=[3, 3]), 1, False, "sampled"),  # sampled neighbourhoods
+    (dict(memory_budget="4MB", eval_fanouts=[-1, -1]), 1, False, "layerwise"),
+    (dict(memory_budget="4MB", model="mynets:Mean"), 1, False, "sampled"),  # may lack layer_forward
+    (dict(memory_budget="4MB", eval_mode="sampled"), 1, False, "sampled"),
+    (dict(eval_mode="layerwise"), 1, True, "layerwise"),
+])
+def test_auto_evaluates_layerwise_only_out_of_core_with_whole_neighbourhoods(
+        kw: dict, world: int, resident: bool, want: str) -> None:
+    assert node_eval_mode(_cfg("DS", "OUT", **kw), world, resident) == want
+
+
+def test_out_of_core_layerwise_evaluation_scores_what_sampled_evaluation_scores(
+        planted_dataset: Path, tmp_path: Path) -> None:
+    kw = dict(memory_budget="2650kB", cache_size="40kB", topology="memory", mode="exact", epochs=3)
+    auto = train(_cfg(planted_dataset, tmp_path / "auto", **kw))
+    sampled = train(_cfg(planted_dataset, tmp_path / "sampled", eval_mode="sampled", **kw))
+    assert auto["eval_mode"] == "layerwise" and sampled["eval_mode"] == "sampled"
+    assert auto["budget"]["slots"] < auto["budget"]["num_parts"]
+    assert auto["losses"] == sampled["losses"]
+    for a, b in zip(auto["history"], sampled["history"]):
+        assert a["val_acc"] == b["val_acc"] and a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
+    assert auto["test_acc"] == sampled["test_acc"] > 0.5
