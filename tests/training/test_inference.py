@@ -29,16 +29,21 @@ def _cfg(ds: Path, out: Path, **kw: object) -> TrainConfig:
     return TrainConfig(**base)
 
 
+def _three_layers(ds_path: Path, tmp_path: Path, model: str) -> tuple[Dataset, NodeTask, torch.nn.Module]:
+    """The dataset, a node task over it and a seeded 3-layer ``model`` in eval mode."""
+    cfg = _cfg(ds_path, tmp_path / "run", model=model, heads=2, residual=True, norm="batch",
+               fanouts=[4, 4, 4])
+    cfg.validate()
+    ds = Dataset(ds_path)
+    task = NodeTask(cfg, ds)
+    torch.manual_seed(0)
+    return ds, task, make_model(cfg, ds.feat_dim, task.out_dim).eval()
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_layerwise_equals_sampled_full_neighbourhood(planted_dataset: Path, tmp_path: Path,
                                                      model: str) -> None:
-    cfg = _cfg(planted_dataset, tmp_path / "run", model=model, heads=2, residual=True, norm="batch",
-               fanouts=[4, 4, 4])
-    cfg.validate()
-    ds = Dataset(planted_dataset)
-    task = NodeTask(cfg, ds)
-    torch.manual_seed(0)
-    net = make_model(cfg, ds.feat_dim, task.out_dim).eval()
+    ds, task, net = _three_layers(planted_dataset, tmp_path, model)
     outs = layerwise_inference(net, task.data, batch_size=300, out_dir=tmp_path / "layers",
                                keep=(1, 2))
     # one Zarr array per kept layer, all N rows; layer 0 was deleted once layer 1 was done
@@ -63,13 +68,7 @@ def test_layerwise_over_targets_equals_sampled_full_neighbourhood(planted_datase
                                                                   model: str, memory: int | None) -> None:
     # memory None: cut rows gathered once, layers in out_dir (given); 0: cut rows batch by batch,
     # layers spilled to out_dir; 1 GiB: cut rows gathered once, layers in memory
-    cfg = _cfg(planted_dataset, tmp_path / "run", model=model, heads=2, residual=True, norm="batch",
-               fanouts=[4, 4, 4])
-    cfg.validate()
-    ds = Dataset(planted_dataset)
-    task = NodeTask(cfg, ds)
-    torch.manual_seed(0)
-    net = make_model(cfg, ds.feat_dim, task.out_dim).eval()
+    ds, task, net = _three_layers(planted_dataset, tmp_path, model)
     targets = np.array([2999, 5, 17, 5, 1500, 0, 2047])
     outs = layerwise_inference(net, task.data, batch_size=50, out_dir=tmp_path / "layers",
                                keep=(0, 2), targets=targets, memory=memory)
