@@ -46,8 +46,8 @@ log = logging.getLogger("ooc.inference")
 IN_MEMORY_LIMIT = 1 << 30
 #: Layer 0's sequential reads of consecutive partitions, without a memory bound (bytes).
 WINDOW_BYTES = 64 << 20
-#: Most passes of layer 0 over the partitions, each with the cut rows of its own range held; beyond
-#: it the cut rows are gathered batch by batch.
+#: Most ranges of partitions whose cut rows layer 0 gathers (one coalesced gather each, up to a pass
+#: over the feature file) and holds while it computes them; beyond it they are gathered batch by batch.
 MAX_HALO_PHASES = 4
 
 
