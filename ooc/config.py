@@ -288,8 +288,8 @@ class TrainConfig:
     eval_mode: str = _opt("auto", "eval", "per-epoch evaluation: sampled (the evaluated seeds' "
                           "neighbourhoods, batch by batch), layerwise (layer by layer over what the "
                           "evaluated nodes need, each node once) or auto (layerwise for a node task "
-                          "under a memory budget with full neighbourhoods, one process and a "
-                          "built-in model; else sampled)",
+                          "under a memory budget that does not hold every partition, with full "
+                          "neighbourhoods, one process and a built-in model; else sampled)",
                           choices=("auto", "sampled", "layerwise"))
     eval_fanouts: list[int] = _opt([], "eval", "sampled evaluation: neighbours per layer, output layer "
                                    "first (empty = all neighbours, exact for the evaluated seeds; on "

@@ -544,7 +544,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     from ooc.training.runs import predict_run
     with guard_inference(args.run, args.dataset, args.verify, weights=args.weights):
         res = predict_run(args.run, args.out, what=args.what, dataset=args.dataset,
-                          weights=args.weights, workdir=args.workdir, progress=not args.no_progress)
+                          weights=args.weights, workdir=args.workdir, progress=not args.no_progress,
+                          overwrite=args.overwrite)
     for name, shape in res["arrays"].items():
         print(f"{name:<10} {tuple(shape)}")
     print(f"wrote {res['out']} (rows in original node id order)")
@@ -798,8 +799,8 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--dataset", help="dataset to run on instead of the configured one")
         q.add_argument("--weights", choices=["best", "last"], default="best",
                        help="best: model.pt (best validation); last: the latest checkpoint")
-        q.add_argument("--workdir", help="folder for the per-layer Zarr arrays (default RUN/inference, "
-                                         "removed afterwards)")
+        q.add_argument("--workdir", help="folder for the per-layer Zarr arrays (default RUN/inference; "
+                                         "they go to a new folder inside it, removed afterwards)")
         q.add_argument("--no-progress", action="store_true")
         q.add_argument("--verify", choices=["checksums", "structure"], default="checksums",
                        help="dataset checks: structural scans, and chunk checksums on first read")
@@ -820,6 +821,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--what", choices=["pred", "logits", "embedding"], default=None,
                     help="the array written to a .npy file (default: pred; embedding for a "
                          "link-prediction run)")
+    pr.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     pr.set_defaults(func=_cmd_predict)
 
     rep = sub.add_parser("report", help="loss/accuracy curves, I/O-stall timeline (PNG), summary table",

@@ -76,15 +76,30 @@ def load_run(run: str | os.PathLike, dataset: str | None = None,
     return cfg, task, model, device
 
 
+def _scratch(run: str | os.PathLike, workdir: str | os.PathLike | None) -> Path:
+    """The folder for the layer outputs of one inference: ``RUN/inference``, or a new folder of its
+    own inside ``workdir`` (created), so that removing it afterwards removes nothing else."""
+    if not workdir:
+        return Path(run) / "inference"
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    return Path(workdir) / f".ooc-inference-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` is ``folder`` or lies under it (both resolved)."""
+    p, f = path.resolve(), folder.resolve()
+    return p == f or f in p.parents
+
+
 def eval_run(run: str | os.PathLike, dataset: str | None = None, weights: str = "best",
              workdir: str | os.PathLike | None = None, progress: bool = False) -> dict:
     """``ooc eval``: exact layer-wise inference of a trained run, scores on validation and test,
-    written to ``RUN/eval.json``.  Layer outputs go to ``workdir`` (default ``RUN/inference``) and
-    are removed afterwards."""
+    written to ``RUN/eval.json``.  Layer outputs go to ``RUN/inference`` or a folder of their own
+    inside ``workdir``, removed afterwards (nothing else in ``workdir`` is touched)."""
     from ooc.util.files import write_json_atomic
     t0 = time.perf_counter()
     cfg, task, model, device = load_run(run, dataset, weights)
-    work = Path(workdir) if workdir else Path(run) / "inference"
+    work = _scratch(run, workdir)
     try:
         if cfg.task == "link":
             res = task.evaluate(model, device, out_dir=work)
@@ -104,7 +119,8 @@ def eval_run(run: str | os.PathLike, dataset: str | None = None, weights: str = 
 
 def predict_run(run: str | os.PathLike, out: str | os.PathLike, what: str | None = None,
                 dataset: str | None = None, weights: str = "best",
-                workdir: str | os.PathLike | None = None, progress: bool = False) -> dict:
+                workdir: str | os.PathLike | None = None, progress: bool = False,
+                overwrite: bool = False) -> dict:
     """``ooc predict``: layer-wise inference of a trained run; predictions and embeddings for every
     node, rows in original id order.
 
@@ -114,20 +130,31 @@ def predict_run(run: str | os.PathLike, out: str | os.PathLike, what: str | None
             the input of the last layer; link-prediction runs: ``embedding`` only, the encoder output).
         what: for ``.npy``: ``pred``, ``logits`` or ``embedding`` (default: ``pred``; ``embedding``
             for a link-prediction run).
+        overwrite: replace an existing ``out`` (refused otherwise).
 
     Returns:
         ``{"out": path, "arrays": {name: shape}}``.
 
     Raises:
-        ValueError: unknown output suffix or ``what``.
+        ValueError: unknown output suffix or ``what``; ``out`` exists (without ``overwrite``), lies
+            inside the run or the dataset, or its folder does not exist.
     """
     out = Path(out)
     if out.suffix not in (".npy", ".zarr"):
         raise ValueError(f"{out}: --out must end in .npy or .zarr")
     if what not in (None, "pred", "logits", "embedding"):
         raise ValueError(f"--what must be pred, logits or embedding, got {what!r}")
+    if not out.parent.is_dir():
+        raise ValueError(f"--out {out}: folder {out.parent} does not exist")
     cfg, task, model, device = load_run(run, dataset, weights)
-    work = Path(workdir) if workdir else Path(run) / "inference"
+    for name, folder in (("run", Path(run)), ("dataset", Path(cfg.dataset))):
+        if _inside(out, folder):
+            task.close()
+            raise ValueError(f"--out {out} lies inside the {name} {folder}; write it elsewhere")
+    if (out.exists() or out.is_symlink()) and not overwrite:
+        task.close()
+        raise ValueError(f"--out {out} exists; --overwrite replaces it")
+    work = _scratch(run, workdir)
     L = model.num_layers
     link = cfg.task == "link"
     if what is None:  # what the run predicts: classes, or a link run's embeddings
@@ -159,7 +186,6 @@ def predict_run(run: str | os.PathLike, out: str | os.PathLike, what: str | None
                 arrays["embedding"] = (emb.gather, emb.shape[1:], np.float32)
         if out.suffix == ".npy" and what not in arrays:
             raise ValueError(f"this run has no {what!r} output (available: {', '.join(arrays)})")
-        out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.name}.partial-{os.getpid()}-{secrets.token_hex(4)}")
         shapes: dict[str, list[int]] = {}
         if out.suffix == ".npy":

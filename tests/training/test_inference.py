@@ -180,6 +180,29 @@ def test_cli_eval_and_predict(planted_dataset: Path, tmp_path: Path, capsys: pyt
     np.testing.assert_array_equal(np.load(tmp_path / "e.npy"), g["embedding"][:])
     assert main(["predict", str(run), "--out", str(tmp_path / "p.csv")]) == 2
     assert ".npy or .zarr" in capsys.readouterr().err
+    # nothing of the user's is replaced or deleted: an existing output, the run, the dataset, a
+    # missing folder, and the files of a --workdir
+    keep = tmp_path / "mine.zarr"
+    (keep / "sub").mkdir(parents=True)
+    (keep / "notes.txt").write_text("keep")
+    for target, why in ((keep, "exists; --overwrite replaces it"),
+                        (tmp_path / "e.npy", "exists; --overwrite replaces it"),
+                        (run / "p.zarr", f"lies inside the run {run}"),
+                        (planted_dataset / "arrays.zarr", f"lies inside the dataset {planted_dataset}"),
+                        (tmp_path / "nowhere" / "p.npy", "does not exist")):
+        capsys.readouterr()
+        assert main(["predict", str(run), "--out", str(target), "--no-progress"]) == 2, target
+        err = capsys.readouterr().err
+        assert why in err and "Traceback" not in err, err
+    assert (keep / "notes.txt").read_text() == "keep" and (keep / "sub").is_dir()
+    assert not (tmp_path / "nowhere").exists() and not (run / "p.zarr").exists()
+    assert main(["predict", str(run), "--out", str(keep), "--overwrite", "--no-progress"]) == 0
+    assert zarr.open_group(keep, mode="r")["pred"].shape == (3000,) and not (keep / "notes.txt").exists()
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("keep")
+    assert main(["eval", str(run), "--workdir", str(work), "--no-progress"]) == 0
+    assert [p.name for p in work.iterdir()] == ["notes.txt"]
 
 
 def _write(path: Path, n: int, src: np.ndarray, dst: np.ndarray, x: np.ndarray, y: np.ndarray,
