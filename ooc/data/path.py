@@ -832,11 +832,15 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
         auto_hot = cfg.hot_topology == "auto"
         hot = 0 if auto_hot or not cfg.hot_topology else min(parse_bytes(cfg.hot_topology), whole)
 
+        # layer-wise evaluation (asked for) runs no evaluation batches: none are planned; it works
+        # in the parts of the budget idle while it runs
+        eval_bs = 0 if task == "node" and cfg.eval_mode == "layerwise" else cfg.eval_batch_size
+
         def plan_with(topology: str, pq: bool, cache: int | None, hot_bytes: int = hot) -> BudgetPlan:
             return plan_budget(cfg.mode, budget_bytes, ds, offsets, topology, cfg.batch_size,
                                cfg.fanouts, cfg.prefetch, cfg.hidden, cfg.buffer_partitions,
                                cache if cache is not None else cache_size, cfg.cache_policy,
-                               cfg.ordering, cfg.eval_batch_size, cfg.eval_fanouts,
+                               cfg.ordering, eval_bs, cfg.eval_fanouts,
                                compressed=pq_need if pq else 0,
                                hot_topology=hot_bytes if topology == "disk" else 0, **kw)
 

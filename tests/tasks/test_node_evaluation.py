@@ -46,3 +46,17 @@ def test_out_of_core_layerwise_evaluation_scores_what_sampled_evaluation_scores(
     for a, b in zip(auto["history"], sampled["history"]):
         assert a["val_acc"] == b["val_acc"] and a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
     assert auto["test_acc"] == sampled["test_acc"] > 0.5
+
+
+def test_layerwise_evaluation_plans_no_evaluation_batches(planted_dataset: Path, tmp_path: Path) -> None:
+    # a full-neighbourhood batch of every validation node does not fit the budget; layer-wise
+    # evaluation runs none, so the same budget trains with it and scores what sampled does unbounded
+    kw = dict(memory_budget="1000kB", cache_size="40kB", topology="memory", mode="exact", epochs=1,
+              eval_batch_size=3000, fanouts=[5, 5])
+    with pytest.raises(ValueError, match="evaluation batches"):
+        train(_cfg(planted_dataset, tmp_path / "sampled", eval_mode="sampled", **kw))
+    m = train(_cfg(planted_dataset, tmp_path / "layerwise", eval_mode="layerwise", **kw))
+    ref = train(_cfg(planted_dataset, tmp_path / "free", eval_mode="sampled", epochs=1,
+                     eval_batch_size=3000, fanouts=[5, 5], topology="memory", mode="exact"))
+    assert m["eval_mode"] == "layerwise" and m["losses"] == ref["losses"]
+    assert m["test_acc"] == ref["test_acc"] and m["val_acc"] == ref["val_acc"]
