@@ -424,8 +424,9 @@ class TrainConfig:
         if self.eval_fanouts:
             self.eval_fanouts = parse_fanouts(self.eval_fanouts)
             if len(self.eval_fanouts) != len(self.fanouts):
-                raise ValueError(f"eval_fanouts {self.eval_fanouts} must have one entry per layer "
-                                 f"({len(self.fanouts)}, as fanouts {self.fanouts})")
+                raise ValueError(f"--eval-fanout {','.join(map(str, self.eval_fanouts))} must have one "
+                                 f"entry per layer ({len(self.fanouts)}, as --fanout "
+                                 f"{','.join(map(str, self.fanouts))})")
             if self.eval_mode == "layerwise" and any(f != -1 for f in self.eval_fanouts):
                 raise ValueError(f"--eval-fanout {','.join(map(str, self.eval_fanouts))} samples the "
                                  "evaluated neighbourhoods; --eval-mode layerwise uses them whole "

@@ -468,6 +468,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                    f"{format_bytes(slots_cost(need_slots))}" if need_slots else "")
                 + " (use more partitions" + (", --topology disk" if topology != "disk" else "")
                 + ", a smaller batch or a larger budget"
+                + ("; or a smaller --eval-batch-size, or --eval-mode layerwise (no evaluation batches)"
+                   if ev > tr else "")
                 + ("; or a smaller --embedding" if embedding else "")
                 + ("; or a smaller --hot-topology" if hot_topology else "")
                 + ("; or a smaller --read-ahead" if ahead else "")
