@@ -29,7 +29,11 @@ from ooc.contracts import Plan
 from ooc.data.ordering import assign_buckets, beta_states, node_states
 
 __all__ = ["plan_exact", "plan_own", "plan_states", "plan_cluster_states", "plan_bucket_states",
-           "upcoming_of", "shard_plan"]
+           "upcoming_of", "shard_plan", "FREE_LANES"]
+
+#: Lanes of a hybrid plan's free seeds (``mix``): every batch takes its free seeds from each, so
+#: they come from up to this many partitions (one or two per lane, for coalesced reads).
+FREE_LANES = 8
 
 
 def upcoming_of(states: list[list[int]]) -> list[list[int]]:
@@ -95,8 +99,10 @@ def plan_states(train_ids: np.ndarray, part_of: np.ndarray, num_parts: int, stat
         mix: fraction in ``[0, 1)`` of the training nodes that are not bound to a state but
             spread over all batches (``hybrid`` only: full-graph sampling can train any seed; their
             rows are mostly misses).  Mixing makes batch label distributions closer to i.i.d. at
-            the price of reads.  The free seeds are dealt out partition by partition, in a random
-            partition order, so each batch's come from a few partitions and their misses coalesce.
+            the price of reads.  The free seeds are ordered partition by partition (a random
+            partition order), cut into :data:`FREE_LANES` lanes and dealt round-robin, so each
+            batch's come from every lane -- up to that many partitions, one or two per lane -- and
+            their misses coalesce within each.
 
     Returns:
         The plan; ``batch_state[i]`` is the state batch ``i`` trains in.
@@ -189,11 +195,18 @@ def plan_states(train_ids: np.ndarray, part_of: np.ndarray, num_parts: int, stat
     if not cuts:  # every seed free (tiny training sets)
         cuts, batch_state = [np.empty(0, dtype=np.int64)], [0]
     if fr.size:  # free seeds fill every batch up to batch_size (quotas by room, largest remainder)
-        # partition by partition in a random order (random within a partition): one batch's free
-        # seeds come from a few partitions, so their neighbourhoods' misses cluster in a few
-        # partition ranges and coalesce into long reads, instead of one short read per row
+        # partition by partition in a random order (random within a partition), cut into
+        # FREE_LANES lanes dealt round-robin: a batch's free seeds come from every lane (up to
+        # FREE_LANES partitions far apart in that order, so its label mix approaches the graph's
+        # where partitions follow classes) but from one or two partitions per lane, so their
+        # neighbourhoods' misses cluster in a few partition ranges and coalesce into long reads
         fr = fr[rng.permutation(fr.shape[0])]
         fr = fr[np.argsort(rng.permutation(num_parts)[part_of[fr]], kind="stable")]
+        lanes = min(FREE_LANES, num_parts)
+        key = np.empty(fr.shape[0], dtype=np.int64)
+        for lane, idx in enumerate(np.array_split(np.arange(fr.shape[0]), lanes)):
+            key[idx] = np.arange(idx.shape[0], dtype=np.int64) * lanes + lane
+        fr = fr[np.argsort(key, kind="stable")]
         room = np.array([max(batch_size - c.shape[0], 0) for c in cuts], dtype=np.float64)
         if room.sum() <= 0:  # every batch full (a tiny mix): spread over all, a seed or so over
             room[:] = 1.0

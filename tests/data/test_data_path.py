@@ -179,16 +179,20 @@ def test_state_plan_fills_batches_and_mixes_seeds() -> None:
                    for b, k in zip(plan.batches, plan.batch_state)]
         if mix == 0:
             assert max(outside) == 0.0
-        else:  # 16 of 64 seeds free, 3/4 of them outside a 2-of-8 state (free seeds come a
-            # partition at a time, so batches are all-in or all-out: a wider tolerance)
+        else:  # 16 of 64 seeds free, 3/4 of them outside a 2-of-8 state
             assert abs(np.mean(outside) - 0.25 * 0.75) < 0.05
             # a full batch: 48 state seeds + 16 free; a state's partial batch gets more free ones
             assert ((np.array(outside) * sizes) > 17).sum() <= 2
-            # dealt partition by partition (125 free seeds each): a batch's outside seeds come from
-            # at most two partitions
+            # ordered partition by partition (125 free seeds each), 8 lanes dealt round-robin: a
+            # full batch's 16 free seeds come from 2 per lane, one lane per partition here, so
+            # from (nearly) every partition: its labels mix where partitions follow classes
+            spans = []
             for b, k in zip(plan.batches, plan.batch_state):
                 p = np.searchsorted(off, b, side="right") - 1
-                assert np.unique(p[~np.isin(p, plan.states[k])]).shape[0] <= 2
+                free_parts = np.unique(p[~np.isin(p, plan.states[k])]).shape[0]
+                assert free_parts <= 2 * 8
+                spans.append(free_parts)
+            assert np.median(spans) >= 5  # of the 6 partitions outside a 2-of-8 state
     tiny = plan_states(train_ids, part, 8, 2, 64, seed=1, epoch=0, ordering="comet", group=1,
                        mix=0.002)  # 8 free seeds, every state batch already full
     assert np.array_equal(np.sort(np.concatenate(tiny.batches)), train_ids)
