@@ -204,12 +204,12 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
     per_dest = int(branching * (row_bytes + 4 * model.dims[0] + 4 * max(model.dims[1:]) + 24))
     if memory is not None:  # a block takes at most a quarter of the memory (at least 64 nodes)
         batch_size = max(64, min(batch_size, memory // 4 // max(per_dest, 1)))
-    block = batch_size * per_dest
+    block_bytes = batch_size * per_dest
     layers = max([sizes[0]] + [sizes[i - 1] + sizes[i] for i in range(1, L)])
-    fits = widest <= IN_MEMORY_LIMIT and (memory is None or block + layers <= memory)
-    left = None if memory is None else memory - block - (layers if fits else 0)
-    # the cut rows: one range of partitions whose cut rows fit at a time (a few sequential passes
-    # of layer 0), else batch by batch
+    fits = widest <= IN_MEMORY_LIMIT and (memory is None or block_bytes + layers <= memory)
+    left = None if memory is None else memory - block_bytes - (layers if fits else 0)
+    # the cut rows: one range of partitions whose cut rows fit at a time (one coalesced gather
+    # each), else batch by batch
     phases = _halo_phases(cut, num_parts, row_bytes, left) if targets is not None else None
     if phases is not None and left is not None:
         left -= max(int(c.shape[0]) for _, _, c in phases) * row_bytes
