@@ -1045,15 +1045,14 @@ _SERIAL_EDGES = 20_000
 
 
 @contextmanager
-def serial_if_small(num_seeds: int, fanouts: list[int], avg_degree: float = float("inf")
-                    ) -> Iterator[None]:
+def serial_if_small(num_seeds: int, fanouts: list[int]) -> Iterator[None]:
     """Run the block on one Numba thread when the batch's draws (``num_seeds`` times the running
-    product of ``fanouts`` over the hops; ``-1``: ``avg_degree``, the graph's average in-degree) are
-    under ``_SERIAL_EDGES``: a parallel launch costs more than such a batch's whole sample.  The
-    thread count is restored after."""
+    product of ``fanouts`` over the hops; ``-1`` = unbounded) are under ``_SERIAL_EDGES``: a parallel
+    launch costs more than such a batch's whole sample.  The thread count is restored after.
+    (Full-neighbour hops decide inside the kernel, by their counted draws.)"""
     est = tot = float(num_seeds)
     for f in fanouts:
-        est = est * (f if f >= 0 else avg_degree)
+        est = est * f if f >= 0 else float("inf")
         tot += est
     threads = numba.get_num_threads()
     serial = tot < _SERIAL_EDGES and threads > 1
@@ -1111,7 +1110,7 @@ def neighbor_sample(indptr: np.ndarray, indices: np.ndarray, seeds: np.ndarray, 
         raise ValueError("LABOR sampling is uniform, without replacement and without exclusions")
     ws = _workspace(indices.dtype)
     gen = ws.next_gen()
-    with serial_if_small(useeds.shape[0], fo.tolist(), float(indptr[n]) / max(n, 1)):
+    with serial_if_small(useeds.shape[0], fo.tolist()):
         out = _run_hops(indptr, indices, cumw, npos, exclude, useeds, fo, replace, labor, key,
                         return_eids, ws, gen)
     nodes, sizes, ptr_all, ptr_off, idx_all, idx_off, eid_all = out
