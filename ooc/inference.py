@@ -187,8 +187,7 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
     num_parts = offsets.shape[0] - 1
     dests: list[np.ndarray | None] = [None] * L
     halo: LayerOutput | None = None
-    feats = data.buffer.features
-    row_bytes = int(np.prod(feats.shape[1:], dtype=np.int64)) * np.dtype(feats.dtype).itemsize
+    row_bytes = data.buffer.row_bytes
     cut: dict[int, np.ndarray] = {}
     if targets is not None:
         dests = needed_nodes(sampler, targets, L, max(batch_size, 4096))  # type: ignore[assignment]
@@ -242,7 +241,7 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
             # layer 0 reads runs of partitions (none resident) in one sequential read each, up to
             # `window` bytes, each phase's cut rows held; later layers read the previous output,
             # in blocks across partitions
-            groups = [(p, q, c) for p0, q0, c in phases for p, q in _groups(data, offsets, window_cap, p0, q0)] \
+            groups = [(p, q, c) for p0, q0, c in phases for p, q in _groups(data, offsets, row_bytes, window_cap, p0, q0)] \
                 if i == 0 else [(0, num_parts, None)]
             for p, q, c in groups:
                 if i == 0 and c is not None and (halo is None or halo.ids is not c):
@@ -299,12 +298,11 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
     return outputs
 
 
-def _groups(data: "DataPath", offsets: np.ndarray, cap: int, start: int, stop: int
+def _groups(data: "DataPath", offsets: np.ndarray, row_bytes: int, cap: int, start: int, stop: int
             ) -> list[tuple[int, int]]:
     """Runs ``[p, q)`` of consecutive partitions in ``[start, stop)`` that layer 0 reads in one
     sequential read each: none resident and at most ``cap`` bytes together (a resident or larger
     partition alone)."""
-    row_bytes = int(np.prod(data.feat_shape[1:], dtype=np.int64)) * np.dtype(data.buffer.features.dtype).itemsize
     out: list[tuple[int, int]] = []
     p, n = start, stop
     while p < n:
@@ -349,22 +347,20 @@ def _halo_phases(cut: dict[int, np.ndarray], num_parts: int, row_bytes: int, cap
         return [(0, num_parts, whole)]
     if cap < row_bytes:
         return None
-    phases: list[tuple[int, int, np.ndarray]] = []
+    bounds: list[tuple[int, int]] = []
     start, held = 0, 0
     for p in range(num_parts):
         k = int(cut[p].shape[0]) if p in cut else 0
         if held and (held + k) * row_bytes > cap:  # (ids repeated across partitions counted twice)
-            phases.append((start, p, np.empty(0, dtype=np.int64)))
+            bounds.append((start, p))
             start, held = p, 0
         held += k
-    phases.append((start, num_parts, np.empty(0, dtype=np.int64)))
-    if len(phases) > MAX_HALO_PHASES or any(
-            sum(int(cut[p].shape[0]) for p in range(a, b) if p in cut) * row_bytes > cap
-            for a, b, _ in phases):
+    bounds.append((start, num_parts))
+    parts = [[cut[p] for p in range(a, b) if p in cut] for a, b in bounds]
+    if len(bounds) > MAX_HALO_PHASES or any(sum(c.shape[0] for c in cs) * row_bytes > cap for cs in parts):
         return None
-    return [(a, b, np.unique(np.concatenate([cut[p] for p in range(a, b) if p in cut]
-                                            or [np.empty(0, dtype=np.int64)])))
-            for a, b, _ in phases]
+    return [(a, b, np.unique(np.concatenate(cs)) if cs else np.empty(0, dtype=np.int64))
+            for (a, b), cs in zip(bounds, parts)]
 
 
 def _layer0_rows(data: "DataPath", ids: np.ndarray, a: int, b: int, window: np.ndarray | None,

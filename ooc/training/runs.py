@@ -146,14 +146,17 @@ def predict_run(run: str | os.PathLike, out: str | os.PathLike, what: str | None
         raise ValueError(f"--what must be pred, logits or embedding, got {what!r}")
     if not out.parent.is_dir():
         raise ValueError(f"--out {out}: folder {out.parent} does not exist")
+    if _inside(out, Path(run)):
+        raise ValueError(f"--out {out} lies inside the run {run}; write it elsewhere")
     cfg, task, model, device = load_run(run, dataset, weights)
-    for name, folder in (("run", Path(run)), ("dataset", Path(cfg.dataset))):
-        if _inside(out, folder):
-            task.close()
-            raise ValueError(f"--out {out} lies inside the {name} {folder}; write it elsewhere")
-    if (out.exists() or out.is_symlink()) and not overwrite:
+    refused = None
+    if _inside(out, Path(cfg.dataset)):
+        refused = f"lies inside the dataset {cfg.dataset}; write it elsewhere"
+    elif (out.exists() or out.is_symlink()) and not overwrite:
+        refused = "exists; --overwrite replaces it"
+    if refused:
         task.close()
-        raise ValueError(f"--out {out} exists; --overwrite replaces it")
+        raise ValueError(f"--out {out} {refused}")
     work = _scratch(run, workdir)
     L = model.num_layers
     link = cfg.task == "link"
