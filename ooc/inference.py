@@ -37,8 +37,8 @@ from ooc.storage.rawarray import RawArray, RawArrayWriter
 if TYPE_CHECKING:  # pragma: no cover
     from ooc.data.path import DataPath
 
-__all__ = ["layerwise_inference", "LayerOutput", "write_rows_in_original_order", "IN_MEMORY_LIMIT",
-           "layers_in_memory"]
+__all__ = ["layerwise_inference", "LayerOutput", "Propagated", "write_rows_in_original_order",
+           "IN_MEMORY_LIMIT", "layers_in_memory"]
 
 log = logging.getLogger("ooc.inference")
 
@@ -106,6 +106,61 @@ class LayerOutput:
             self.array.close()
 
 
+class Propagated:
+    """Layer 0's inputs for one set of targets, kept between layer-wise passes of one run.
+
+    Where layer 0 factors into a parameter-free propagation and a per-node function
+    (:meth:`~ooc.models.GNN.propagates`: SAGE-mean/sum, GCN, GIN), its output for the nodes the
+    targets need depends on the features only through each such node's own stored row and its
+    propagated neighbourhood (SGC's and SIGN's precomputed features).  The first pass computes
+    them while it reads the feature rows and writes them under ``root``; a later pass with the
+    same targets and the same kind of layer 0 reads ``|dests[0]| * (row bytes + 4 * in_dim)``
+    bytes sequentially instead of the feature rows of every partition holding a needed node and
+    their cut rows (a pass over most of the feature file), and skips layer 0's sampling.
+
+    Files (rows in ``dests[0]`` order): ``rows`` (stored dtype), ``propagated`` (float32), and
+    ``dests.npz`` (:func:`needed_nodes` of the targets); nothing of it is held in memory between
+    passes.  Valid for one dataset and one training run: the owner (a task) keeps it for
+    the run and never across datasets.
+    """
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+        self.key: tuple | None = None
+
+    @staticmethod
+    def key_of(model: GNN, targets: np.ndarray) -> tuple:
+        """What the stored inputs depend on besides the dataset: the targets and layer 0's kind."""
+        import hashlib
+        conv = model.layers[0]
+        h = hashlib.blake2b(np.ascontiguousarray(targets, dtype=np.int64).tobytes(), digest_size=16)
+        return (h.hexdigest(), type(conv).__name__, getattr(conv, "aggregator", ""),
+                getattr(conv, "self_loops", None), getattr(conv, "normalize", None), model.dims[0])
+
+    def ready(self, key: tuple) -> bool:
+        """Whether the stored inputs are complete and for ``key`` (:meth:`key_of`)."""
+        return self.key == key
+
+    def dests(self) -> list[np.ndarray]:
+        """The stored pass's :func:`needed_nodes` (layer 0 first)."""
+        with np.load(self.root / "dests.npz") as z:
+            return [z[f"d{i}"] for i in range(len(z.files))]
+
+    def open(self) -> tuple[RawArray, RawArray]:
+        """The stored rows and propagated rows (close both)."""
+        return RawArray(self.root / "rows"), RawArray(self.root / "propagated")
+
+    def commit(self, key: tuple, dests: list[np.ndarray]) -> None:
+        """Mark the files written by a pass as complete for ``key``."""
+        np.savez(self.root / "dests.npz", **{f"d{i}": d for i, d in enumerate(dests)})
+        self.key = key
+
+    def clear(self) -> None:
+        """Forget and delete the stored inputs."""
+        self.key = None
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 def needed_nodes(sampler, targets: np.ndarray, num_layers: int, batch_size: int = 4096
                  ) -> list[np.ndarray]:
     """The nodes whose layer outputs the full-neighbourhood outputs of ``targets`` need.
@@ -137,8 +192,8 @@ def needed_nodes(sampler, targets: np.ndarray, num_layers: int, batch_size: int 
 def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
                         out_dir: str | os.PathLike | None = None, device: torch.device | str = "cpu",
                         keep: tuple[int, ...] | None = None, progress: bool = False,
-                        targets: np.ndarray | None = None, memory: int | None = None
-                        ) -> dict[int, LayerOutput]:
+                        targets: np.ndarray | None = None, memory: int | None = None,
+                        propagated: Propagated | None = None) -> dict[int, LayerOutput]:
     """Run ``model`` layer by layer with full neighbourhoods, over every node or over what
     ``targets`` need.
 
@@ -165,6 +220,10 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
             destinations that read them (the cut rows, with ``targets``: gathered once, sorted and
             coalesced, before layer 0; else batch by batch), and layer 0's sequential reads of
             consecutive partitions (at least one partition each).
+        propagated: with ``targets``, where layer 0's inputs for them are kept between passes
+            (:class:`Propagated`): filled by this pass where layer 0 factors and the kept inputs
+            are at most half the feature file, read instead of the features when already filled
+            for the same targets.  The outputs equal those without it up to float rounding.
 
     Returns:
         ``{layer index: LayerOutput}`` for the kept layers; row ``v`` is node ``v`` (internal ids),
@@ -189,10 +248,21 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
     halo: LayerOutput | None = None
     row_bytes = data.buffer.row_bytes
     cut: dict[int, np.ndarray] = {}
-    if targets is not None:
+    key = None
+    if targets is not None and propagated is not None and model.propagates(0):
+        key = Propagated.key_of(model, targets)
+    cached = key is not None and propagated.ready(key)  # type: ignore[union-attr]
+    if cached:
+        dests = propagated.dests()  # type: ignore[union-attr,assignment]
+    elif targets is not None:
         dests = needed_nodes(sampler, targets, L, max(batch_size, 4096))  # type: ignore[assignment]
         owner = np.searchsorted(offsets, dests[0], side="right") - 1  # type: ignore[arg-type]
         cut = _cut_inputs(sampler, dests[0], owner, offsets, max(batch_size, 4096))  # type: ignore[arg-type]
+    # keep layer 0's inputs for the next pass where they are at most half the feature file
+    build = (key is not None and not cached and int(dests[0].shape[0]) * (row_bytes + 4 * model.dims[0])  # type: ignore[union-attr]
+             <= n * row_bytes // 2)
+    if key is not None and not cached:
+        propagated.clear()  # type: ignore[union-attr]
     rows = [n if d is None else int(d.shape[0]) for d in dests]
     sizes = [r * w * 4 for r, w in zip(rows, model.dims[1:])]
     widest = max(sizes)
@@ -209,7 +279,7 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
     left = None if memory is None else memory - block_bytes - (layers if fits else 0)
     # the cut rows: one range of partitions whose cut rows fit at a time (one coalesced gather
     # each), else batch by batch
-    phases = _halo_phases(cut, num_parts, row_bytes, left) if targets is not None else None
+    phases = _halo_phases(cut, num_parts, row_bytes, left) if targets is not None and not cached else None
     if phases is not None and left is not None:
         left -= max(int(c.shape[0]) for _, _, c in phases) * row_bytes
     if phases is None:
@@ -238,10 +308,38 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
             else:
                 writer, mem = None, np.empty((rows[i], width), dtype=np.float32)
             done = 0
+            if i == 0 and cached:  # the kept inputs, read in order, instead of the features
+                rows_in, agg_in = propagated.open()  # type: ignore[union-attr]
+                try:
+                    for s in range(0, rows[0], batch_size):
+                        e = min(s + batch_size, rows[0])
+                        h_dst = data.to_input(rows_in.read(s, e))
+                        agg = torch.from_numpy(agg_in.read(s, e))
+                        if device.type != "cpu":
+                            h_dst, agg = h_dst.to(device), agg.to(device)
+                        out = model.layer_from_propagated(0, h_dst, agg).float().cpu().numpy()
+                        if writer is not None:
+                            writer.append(out)
+                        else:
+                            mem[done:done + (e - s)] = out  # type: ignore[index]
+                        done += e - s
+                        bar.update(e - s)
+                finally:
+                    rows_in.close()
+                    agg_in.close()
+            kept_rows = kept_agg = None
+            if i == 0 and build:
+                propagated.root.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
+                feats = data.buffer.features
+                kept_rows = RawArrayWriter(propagated.root / "rows", feats.dtype,  # type: ignore[union-attr]
+                                           tuple(feats.shape[1:]), expected_rows=rows[0])
+                kept_agg = RawArrayWriter(propagated.root / "propagated", np.float32,  # type: ignore[union-attr]
+                                          (model.dims[0],), expected_rows=rows[0])
             # layer 0 reads runs of partitions (none resident) in one sequential read each, up to
             # `window` bytes, each phase's cut rows held; later layers read the previous output,
             # in blocks across partitions
-            groups = [(p, q, c) for p0, q0, c in phases for p, q in _groups(data, offsets, row_bytes, window_cap, p0, q0)] \
+            groups = [] if i == 0 and cached else \
+                [(p, q, c) for p0, q0, c in phases for p, q in _groups(data, offsets, row_bytes, window_cap, p0, q0)] \
                 if i == 0 else [(0, num_parts, None)]
             for p, q, c in groups:
                 if i == 0 and c is not None and (halo is None or halo.ids is not c):
@@ -266,12 +364,20 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
                     block = to_torch_blocks(sg, degrees, loops)[0]
                     ids = sg.nodes[: block.num_src]
                     if i == 0:
-                        h = data.to_input(_layer0_rows(data, ids, a, b, window, halo))
+                        raw = _layer0_rows(data, ids, a, b, window, halo)
+                        h = data.to_input(raw)
                     else:
                         h = torch.from_numpy(np.ascontiguousarray(prev.gather(ids)))  # type: ignore[union-attr]
                     if device.type != "cpu":
                         block, h = block.to(device), h.to(device)
-                    out = model.layer_forward(i, block, h).float().cpu().numpy()
+                    if kept_agg is not None:  # layer 0, its inputs kept: the same layer in two parts
+                        agg = model.layer_propagate(0, block, h)
+                        out = model.layer_from_propagated(0, h[: block.num_dst], agg).float().cpu().numpy()
+                        kept_rows.append(raw[: block.num_dst])  # type: ignore[union-attr]
+                        kept_agg.append(agg.float().cpu().numpy())
+                        del agg
+                    else:
+                        out = model.layer_forward(i, block, h).float().cpu().numpy()
                     if writer is not None:
                         writer.append(out)
                     else:
@@ -279,6 +385,10 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
                     done += e - s
                     bar.update(e - s)
                 del window
+            if kept_agg is not None:
+                kept_rows.close()  # type: ignore[union-attr]
+                kept_agg.close()
+                propagated.commit(key, dests)  # type: ignore[union-attr,arg-type]
             if writer is not None:
                 writer.close()
                 cur = LayerOutput(RawArray(root / f"layer{i}"), d_i)  # type: ignore[operator]

@@ -348,6 +348,19 @@ class SAGEConv(nn.Module):
             return self.lin_self(x_dst) + self._aggregate(block, lin(x))
         return self.lin_self(x_dst) + lin(self._aggregate(block, x))
 
+    @property
+    def propagates(self) -> bool:
+        """Whether :meth:`propagate` applies: the mean and sum aggregators are parameter-free."""
+        return self.aggregator != "max"
+
+    def propagate(self, block: TorchBlock, x: Tensor) -> Tensor:
+        """The parameter-free part of the layer, ``AGG(x)`` [num_dst, in_dim] (mean or sum only)."""
+        return self._aggregate(block, x)
+
+    def from_propagated(self, x_dst: Tensor, agg: Tensor) -> Tensor:
+        """The layer from :meth:`propagate`'s output: ``W_self x_v + W_neigh agg_v``."""
+        return self.lin_self(x_dst) + self.lin_neigh(agg)
+
     def _aggregate(self, block: TorchBlock, x: Tensor) -> Tensor:
         """Mean or (degree-scaled) sum of ``x`` [num_src, F] over the sampled in-edges -> [num_dst, F]."""
         if block.edge_weight is not None:
@@ -392,9 +405,11 @@ class GCNConv(nn.Module):
         self.lin = nn.Linear(in_dim, out_dim, bias=False)
         self.bias = nn.Parameter(torch.zeros(out_dim)) if bias else None
 
-    def forward(self, block: TorchBlock, x: Tensor) -> Tensor:
-        h = self.lin(x)
-        w = None
+    propagates = True
+
+    def _edges(self, block: TorchBlock) -> tuple[Adjacency, Tensor | None, Tensor]:
+        """The block's edges without the data's loops (with ``self_loops``), their normalised
+        weights (None: unweighted) and the destinations' degrees without loops."""
         src, dst, edge_weight, adj = block.src, block.dst, block.edge_weight, block.adjacency
         deg_src, deg_dst, sampled = block.deg_src, block.deg_dst, block.sampled
         if self.self_loops:  # exactly one self-loop per node: the data's loop edges are dropped
@@ -406,6 +421,7 @@ class GCNConv(nn.Module):
             deg_src = deg_src - loops_src
             deg_dst = deg_dst - loops_src[: block.num_dst]
             sampled = sampled - loops_sampled
+        w = None
         if self.normalize:
             loop = 1.0 if self.self_loops else 0.0
             d_src = (deg_src + loop).clamp(min=1)
@@ -415,6 +431,11 @@ class GCNConv(nn.Module):
             else:  # importance-sampled edges (LADIES, LABOR, GraphSAINT) carry their own weight
                 scale = edge_weight
             w = (d_src.index_select(0, src) * d_dst.index_select(0, dst)).rsqrt() * scale
+        return adj, w, deg_dst
+
+    def _propagate_linear(self, block: TorchBlock, h: Tensor) -> Tensor:
+        """``(D^-1/2 (A'+I) D^-1/2) h`` over the block (or its unnormalised / loop-free variant)."""
+        adj, w, deg_dst = self._edges(block)
         out = spmm(adj, h, None if w is None else w.to(h.dtype))
         if self.self_loops:
             h_dst = h[: block.num_dst]
@@ -422,9 +443,23 @@ class GCNConv(nn.Module):
                 out = out + h_dst / (deg_dst + 1).clamp(min=1).unsqueeze(1).to(h.dtype)
             else:
                 out = out + h_dst
+        return out
+
+    def forward(self, block: TorchBlock, x: Tensor) -> Tensor:
+        out = self._propagate_linear(block, self.lin(x))
         if self.bias is not None:
             out = out + self.bias
         return out
+
+    def propagate(self, block: TorchBlock, x: Tensor) -> Tensor:
+        """The parameter-free part: the normalised sum of ``x`` [num_src, in_dim] -> [num_dst, in_dim]
+        (``W`` commutes with it)."""
+        return self._propagate_linear(block, x)
+
+    def from_propagated(self, x_dst: Tensor, agg: Tensor) -> Tensor:
+        """The layer from :meth:`propagate`'s output: ``W agg_v + b``."""
+        out = self.lin(agg)
+        return out + self.bias if self.bias is not None else out
 
 
 def _per_head_dropout_linear(x: Tensor, w: Tensor, p: float) -> Tensor:
@@ -467,6 +502,8 @@ class GATConv(nn.Module):
     Shapes:
         x: [num_src, in_dim] float32 -> [num_dst, H * out_dim] (concat) or [num_dst, out_dim].
     """
+
+    propagates = False  # attention weights depend on the parameters
 
     def __init__(self, in_dim: int, out_dim: int, heads: int = 1, concat: bool = True,
                  negative_slope: float = 0.2, attn_dropout: float = 0.0, self_loops: bool = True,
@@ -549,8 +586,17 @@ class GINConv(nn.Module):
             agg = aggregate(block, h, "sum") * _sum_scale(block).to(h.dtype)
             z = (1 + self.eps) * h[: block.num_dst] + agg + first.bias
             return self.mlp[2](self.mlp[1](z))
-        agg = aggregate(block, x, "sum") * _sum_scale(block).to(x.dtype)
-        return self.mlp((1 + self.eps) * x[: block.num_dst] + agg)
+        return self.from_propagated(x[: block.num_dst], self.propagate(block, x))
+
+    propagates = True
+
+    def propagate(self, block: TorchBlock, x: Tensor) -> Tensor:
+        """The parameter-free part: the (degree-scaled) neighbour sum [num_dst, in_dim]."""
+        return aggregate(block, x, "sum") * _sum_scale(block).to(x.dtype)
+
+    def from_propagated(self, x_dst: Tensor, agg: Tensor) -> Tensor:
+        """The layer from :meth:`propagate`'s output: ``MLP((1 + eps) x_v + agg_v)``."""
+        return self.mlp((1 + self.eps) * x_dst + agg)
 
 
 MODELS = ("sage", "gcn", "gat", "gin")
@@ -678,6 +724,40 @@ class GNN(nn.Module):
         out = self.layers[i](block, h_in)
         if self.residual:
             out = out + self.residuals[i](h_in[: block.num_dst])
+        if i < len(self.layers) - 1:
+            out = self.act(self.norms[i](out))
+        return out
+
+    def propagates(self, i: int) -> bool:
+        """Whether layer ``i`` factors into a parameter-free propagation over its block
+        (:meth:`layer_propagate`) and a per-node function of it (:meth:`layer_from_propagated`):
+        SAGE with the mean or sum aggregator, GCN and GIN do (their aggregation is linear and comes
+        before, or commutes with, every parameter, as SGC's and SIGN's precomputed features use);
+        GAT and SAGE-max do not.  The output of layer 0 then depends on the weights only through
+        the propagated features, which layer-wise inference computes once for a fixed set of
+        targets and reuses."""
+        return bool(self.layers[i].propagates)
+
+    def layer_propagate(self, i: int, block: TorchBlock, h: Tensor) -> Tensor:
+        """The parameter-free part of layer ``i`` in eval mode: ``h`` [num_src, dims[i]] (float32,
+        or float16 as stored) -> float32 [num_dst, dims[i]].
+
+        Raises:
+            ValueError: the layer does not factor (:meth:`propagates`), or the model is training
+                (its input dropout would come before the propagation)."""
+        if not self.propagates(i) or self.training:
+            raise ValueError(f"layer {i} ({type(self.layers[i]).__name__}) cannot be split into a "
+                             "propagation and a per-node function" + (" while training" if self.training else ""))
+        return self.layers[i].propagate(block, h.float())
+
+    def layer_from_propagated(self, i: int, h_dst: Tensor, agg: Tensor) -> Tensor:
+        """Layer ``i`` in eval mode from :meth:`layer_propagate`'s output: ``h_dst`` [num_dst,
+        dims[i]] the destinations' own inputs, ``agg`` [num_dst, dims[i]] -> [num_dst, dims[i+1]];
+        equal to :meth:`layer_forward` up to float rounding."""
+        h_in = h_dst.float()
+        out = self.layers[i].from_propagated(h_in, agg)
+        if self.residual:
+            out = out + self.residuals[i](h_in)
         if i < len(self.layers) - 1:
             out = self.act(self.norms[i](out))
         return out

@@ -29,6 +29,7 @@ from ooc.data.budget import RssMonitor
 from ooc.data.loader import prefetched
 from ooc.data.path import DataPath, build_data_path
 from ooc.data.plan import shard_plan
+from ooc.inference import Propagated
 from ooc.models import GNN, takes_half
 from ooc.storage.dataset import Dataset
 
@@ -127,11 +128,13 @@ def _node_scores(logits: np.ndarray, labels: np.ndarray, ids: np.ndarray, multil
 
 
 def evaluate_node_layerwise(model: GNN, task: "NodeTask", device: torch.device | str = "cpu",
-                            out_dir: "str | os.PathLike | None" = None, memory: int | None = None) -> dict:
+                            out_dir: "str | os.PathLike | None" = None, memory: int | None = None,
+                            propagated: "Propagated | None" = None) -> dict:
     """Validation and test scores of a node task from one layer-wise pass over what the validation
     and test nodes need (their full ``L``-hop neighbourhoods, each node's layer computed once;
     :func:`~ooc.inference.layerwise_inference` with ``targets``; ``memory`` what it may hold, the
-    rest spilled to ``out_dir``)."""
+    rest spilled to ``out_dir``; ``propagated``: layer 0's inputs kept from one evaluation to the
+    next, see :class:`~ooc.inference.Propagated`)."""
     from ooc.inference import layerwise_inference
     targets = np.concatenate([task.val_ids, task.test_ids]).astype(np.int64, copy=False)
     # a block of one layer reads about the rows a sampled evaluation batch reads over all layers
@@ -139,7 +142,8 @@ def evaluate_node_layerwise(model: GNN, task: "NodeTask", device: torch.device |
     branching = 1.0 + task.ds.num_edges / max(task.ds.num_nodes, 1)
     block = int(min(1 << 16, task.cfg.eval_batch_size * branching ** (model.num_layers - 1)))
     outs = layerwise_inference(model, task.data, max(block, task.cfg.eval_batch_size), out_dir, device,
-                               keep=(model.num_layers - 1,), targets=targets, memory=memory)
+                               keep=(model.num_layers - 1,), targets=targets, memory=memory,
+                               propagated=propagated)
     logits = outs[model.num_layers - 1]
     labels = task.ds.labels
     res = {}
@@ -219,6 +223,9 @@ class NodeTask:
         bp = self.data.budget
         self.eval_mode = node_eval_mode(cfg, self.job.world_size, bp.slots >= bp.num_parts)
         self.info["eval_mode"] = self.eval_mode
+        # layer-wise evaluation: layer 0's inputs for the validation and test nodes, kept on disk
+        # from one evaluation to the next (created at the first)
+        self._propagated: Propagated | None = None
         self._plan: Plan | None = None
         self._plan_epoch = -1
 
@@ -304,9 +311,11 @@ class NodeTask:
             bp = self.data.budget
             memory = (bp.staging + bp.read_ahead_bytes + bp.sample_ahead_bytes if bp.budget
                       else 2 * IN_MEMORY_LIMIT)
-            return evaluate_node_layerwise(model, self, device,
-                                           self.job.run_dir(self.cfg.output_dir) / "inference",
-                                           memory=memory)
+            root = self.job.run_dir(self.cfg.output_dir) / "inference"
+            if self._propagated is None:
+                self._propagated = Propagated(root / "propagated")
+            return evaluate_node_layerwise(model, self, device, root, memory=memory,
+                                           propagated=self._propagated)
         j = self.job
         nl = len(self.cfg.fanouts)
         fo = evaluation_fanouts(self.cfg)

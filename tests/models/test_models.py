@@ -396,3 +396,42 @@ def test_glorot_init_option() -> None:
             assert lin.bias is None or torch.count_nonzero(lin.bias) == 0
     with pytest.raises(ValueError, match="unknown init"):
         GNN("sage", 4, 4, 2, 1, init="he")
+
+
+@pytest.mark.parametrize("model,opts", [("sage", {}), ("sage", {"aggregator": "sum"}), ("gcn", {}),
+                                        ("gin", {}), ("sage", {"residual": True, "norm": "layer"})])
+@pytest.mark.parametrize("in_dim", [3, 12])  # transform-first (12 -> 8) and aggregate-first (3 -> 8)
+def test_layer_split_into_propagation_and_node_function_equals_the_layer(model: str, opts: dict,
+                                                                           in_dim: int) -> None:
+    torch.manual_seed(8)
+    net = build_model(model, in_dim, 8, 2, num_layers=2, dropout=0.5, **opts).eval()
+    # node 3 has no in-edge; node 0 a self-loop and a parallel edge
+    b = TorchBlock(6, 4, torch.tensor([0, 1, 2, 2, 4, 0, 5]), torch.tensor([0, 0, 0, 0, 1, 1, 2]),
+                   torch.tensor([2.0, 1, 3, 1, 2, 1]), torch.tensor([4.0, 2, 1, 0]),
+                   torch.tensor([4.0, 2, 1, 0]), loops=torch.tensor([1.0, 0, 0, 0, 0, 0]))
+    x = torch.randn(6, in_dim)
+    assert net.propagates(0)
+    agg = net.layer_propagate(0, b, x)
+    assert agg.shape == (4, in_dim)
+    if model != "gcn":  # (GCN's propagation holds each node's own self-loop term)
+        assert agg[3].abs().sum() == 0  # nothing for node 3, which has no in-edge
+    torch.testing.assert_close(net.layer_from_propagated(0, x[:4], agg), net.layer_forward(0, b, x),
+                               rtol=1e-5, atol=1e-6)
+    # float16 rows as stored go in as they do to layer_forward
+    xh = x.half()
+    torch.testing.assert_close(net.layer_from_propagated(0, xh[:4], net.layer_propagate(0, b, xh)),
+                               net.layer_forward(0, b, xh), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("model,opts", [("gat", {}), ("sage", {"aggregator": "max"})])
+def test_layers_with_parameters_before_aggregation_do_not_split(model: str, opts: dict) -> None:
+    net = build_model(model, 4, 8, 2, num_layers=2, dropout=0.5, **opts).eval()
+    assert not net.propagates(0)
+    with pytest.raises(ValueError, match="cannot be split"):
+        net.layer_propagate(0, TorchBlock.from_edges(3, 2, [1, 2], [0, 1]), torch.randn(3, 4))
+
+
+def test_layer_split_refused_while_training() -> None:
+    net = build_model("sage", 4, 8, 2, num_layers=2, dropout=0.5).train()
+    with pytest.raises(ValueError, match="while training"):
+        net.layer_propagate(0, TorchBlock.from_edges(3, 2, [1, 2], [0, 1]), torch.randn(3, 4))

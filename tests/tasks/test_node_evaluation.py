@@ -60,3 +60,31 @@ def test_layerwise_evaluation_plans_no_evaluation_batches(planted_dataset: Path,
                      eval_batch_size=3000, fanouts=[5, 5], topology="memory", mode="exact"))
     assert m["eval_mode"] == "layerwise" and m["losses"] == ref["losses"]
     assert m["test_acc"] == ref["test_acc"] and m["val_acc"] == ref["val_acc"]
+
+
+@pytest.fixture(scope="module")
+def few_targets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3,000 planted-partition nodes with 30 validation and 30 test nodes: their one-hop
+    neighbourhoods are a small part of the graph."""
+    from ooc.ingest.convert import write_graph_dataset
+    from ooc.kernels.generators import planted_partition
+    from ooc.kernels.partition import contiguous_partitions
+    g = planted_partition(3000, num_classes=4, avg_degree=8, feat_dim=16, noise=2.0, seed=1,
+                          train_frac=0.3)
+    out = tmp_path_factory.mktemp("few") / "few"
+    return write_graph_dataset(out, g.num_nodes, g.src, g.dst, g.features, g.labels,
+                               {"train": g.train, "valid": g.valid[:30], "test": g.test[:30]},
+                               g.num_classes, "few", partition_offsets=contiguous_partitions(3000, 8))
+
+
+def test_layerwise_evaluations_after_the_first_reuse_layer0_inputs_and_score_the_same(
+        few_targets: Path, tmp_path: Path) -> None:
+    kw = dict(memory_budget="2650kB", cache_size="40kB", topology="memory", mode="exact", epochs=3)
+    auto = train(_cfg(few_targets, tmp_path / "auto", **kw))
+    sampled = train(_cfg(few_targets, tmp_path / "sampled", eval_mode="sampled", **kw))
+    assert auto["eval_mode"] == "layerwise" and auto["losses"] == sampled["losses"]
+    kept = tmp_path / "auto" / "inference" / "propagated"
+    assert sorted(p.name for p in kept.iterdir()) == ["dests.npz", "propagated", "rows"]
+    for a, b in zip(auto["history"], sampled["history"]):
+        assert a["val_acc"] == b["val_acc"] and a["test_acc"] == b["test_acc"]
+        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)

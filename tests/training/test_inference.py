@@ -242,3 +242,58 @@ def test_predict_maps_rows_back_through_node_permutation(tmp_path: Path) -> None
     np.testing.assert_array_equal(gb["pred"][:], ga["pred"][:])
     # and without mapping back the rows would be in internal order
     assert not np.allclose(gb["logits"][:], ga["logits"][:][perm])
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_layer0_inputs_kept_between_passes_give_the_same_outputs(planted_dataset: Path, tmp_path: Path,
+                                                                 model: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from ooc.inference import Propagated
+    ds, task, net = _three_layers(planted_dataset, tmp_path, model)
+    targets = np.array([2999, 5, 17, 5, 1500, 0, 2047])
+    plain = layerwise_inference(net, task.data, 50, keep=(2,), targets=targets)[2]
+    kept = Propagated(tmp_path / "kept")
+    first = layerwise_inference(net, task.data, 50, keep=(2,), targets=targets, propagated=kept)[2]
+    np.testing.assert_allclose(first.array, plain.array, rtol=1e-5, atol=1e-6)
+    if not net.propagates(0):  # GAT: nothing to keep
+        assert kept.key is None and not (tmp_path / "kept").exists()
+        task.close()
+        return
+    assert kept.ready(Propagated.key_of(net, targets))
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["dests.npz", "propagated", "rows"]
+    # the second pass neither samples layer 0's blocks nor reads a feature row
+    import ooc.inference as inf
+
+    def no_features(*a: object, **k: object) -> None:
+        raise AssertionError("layer 0 read feature rows")
+    monkeypatch.setattr(inf, "_layer0_rows", no_features)
+    monkeypatch.setattr(inf, "needed_nodes", no_features)
+    with torch.no_grad():  # new weights: the kept inputs do not depend on them
+        for p in net.parameters():
+            p.mul_(1.5)
+    second = layerwise_inference(net, task.data, 50, keep=(2,), targets=targets, propagated=kept)[2]
+    monkeypatch.undo()
+    again = layerwise_inference(net, task.data, 50, keep=(2,), targets=targets)[2]
+    np.testing.assert_array_equal(second.ids, again.ids)
+    np.testing.assert_allclose(second.array, again.array, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(second.array, first.array)
+    # other targets: the kept inputs are rebuilt for them
+    other = np.array([1, 2, 3])
+    assert not kept.ready(Propagated.key_of(net, other))
+    third = layerwise_inference(net, task.data, 50, keep=(2,), targets=other, propagated=kept)[2]
+    np.testing.assert_allclose(third.array,
+                               layerwise_inference(net, task.data, 50, keep=(2,), targets=other)[2].array,
+                               rtol=1e-5, atol=1e-6)
+    assert kept.ready(Propagated.key_of(net, other))
+    task.close()
+
+
+def test_layer0_inputs_are_not_kept_when_they_would_outweigh_the_features(planted_dataset: Path,
+                                                                           tmp_path: Path) -> None:
+    from ooc.inference import Propagated
+    ds, task, net = _three_layers(planted_dataset, tmp_path, "sage")
+    kept = Propagated(tmp_path / "kept")
+    # every node: its row and float32 aggregate are more than half the feature file
+    layerwise_inference(net, task.data, 500, keep=(2,), targets=np.arange(ds.num_nodes), propagated=kept)
+    assert kept.key is None and not (tmp_path / "kept").exists()
+    task.close()
