@@ -25,7 +25,7 @@ from torch import nn
 
 from ooc.config import TrainConfig, evaluation_fanouts
 from ooc.contracts import Batch, Job, Plan, SingleProcess
-from ooc.data.budget import RssMonitor
+from ooc.data.budget import RssMonitor, release_free_memory
 from ooc.data.loader import prefetched
 from ooc.data.path import DataPath, build_data_path
 from ooc.data.plan import shard_plan
@@ -96,6 +96,7 @@ def evaluate_nodes(model: nn.Module, data: DataPath, ids: np.ndarray, num_layers
     it = prefetched(data.eval_builder(ids, batch_size, sampler), 0, -(-ids.shape[0] // batch_size),
                     prefetch, lambda s: None)
     half = takes_half(model)
+    release_free_memory()
     for b in it:
         blocks, x = b.inputs(device, native=half)
         logits = model(blocks, x).float().cpu()
@@ -105,6 +106,10 @@ def evaluate_nodes(model: nn.Module, data: DataPath, ids: np.ndarray, num_layers
         s, n = node_loss_sum(logits, b.y, multilabel)
         out += np.array([c, t, p, e, s, n], dtype=np.float64)
         del b, blocks, x, logits  # not held while the next batch is built
+        # the heap pages of this batch's arrays go back to the OS before the next is built: a
+        # batch's arrays differ in size from the last one's, so freed pages are seldom reused
+        # whole and the heap would hold them on top of the next batch (its share of the budget)
+        release_free_memory()
     return out
 
 
