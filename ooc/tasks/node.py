@@ -106,10 +106,7 @@ def evaluate_nodes(model: nn.Module, data: DataPath, ids: np.ndarray, num_layers
         s, n = node_loss_sum(logits, b.y, multilabel)
         out += np.array([c, t, p, e, s, n], dtype=np.float64)
         del b, blocks, x, logits  # not held while the next batch is built
-        # the heap pages of this batch's arrays go back to the OS before the next is built: a
-        # batch's arrays differ in size from the last one's, so freed pages are seldom reused
-        # whole and the heap would hold them on top of the next batch (its share of the budget)
-        release_free_memory()
+        data.release_heap_over_plan()  # this batch's freed pages, where they would exceed the plan
     return out
 
 

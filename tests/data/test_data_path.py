@@ -572,3 +572,22 @@ def test_self_loop_counts_held_and_budgeted_only_for_models_that_read_them(
         assert data.graph.degrees.tolist() == np.diff(ds.indptr).tolist()
     finally:
         data.close()
+
+
+def test_heap_pages_are_returned_between_evaluation_batches_only_above_the_plan(
+        metis_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ooc.data.path as path_mod
+    trims = []
+    monkeypatch.setattr(path_mod, "release_free_memory", lambda: trims.append(1))
+    ds = Dataset(metis_dataset)
+    free = build_data_path(_cfg(metis_dataset, tmp_path / "a"), ds)  # no budget: never
+    assert not free.release_heap_over_plan() and not trims
+    free.close()
+    data = build_data_path(_cfg(metis_dataset, tmp_path / "b", memory_budget="8MB"), ds)
+    planned = data.budget.planned
+    monkeypatch.setattr(data.rss, "current", lambda: data.rss.baseline + planned)
+    assert not data.release_heap_over_plan() and not trims  # at the plan
+    monkeypatch.setattr(data.rss, "current", lambda: data.rss.baseline + planned + 1)
+    assert data.release_heap_over_plan() and trims == [1]  # above it
+    data.close()
+    ds.close()
