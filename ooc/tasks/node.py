@@ -106,7 +106,7 @@ def evaluate_nodes(model: nn.Module, data: DataPath, ids: np.ndarray, num_layers
         s, n = node_loss_sum(logits, b.y, multilabel)
         out += np.array([c, t, p, e, s, n], dtype=np.float64)
         del b, blocks, x, logits  # not held while the next batch is built
-        data.release_heap_over_plan()  # this batch's freed pages, where they would exceed the plan
+        data.release_heap_near_budget()  # this batch's freed pages, where the next could pass the budget
     return out
 
 
