@@ -689,6 +689,11 @@ class Dataset:
             self._cache[key] = self.raw(name).read_all()
         return self._cache[key]
 
+    def release(self, name: str) -> None:
+        """Drop array ``name`` from the :meth:`load` cache (read again if asked for): for a caller
+        that holds its own copy, e.g. a training run's topology after its planner read ``indptr``."""
+        self._cache.pop("load:" + ARRAY_NAMES.get(name, name), None)
+
     # ------------------------------------------------------------ arrays
     @property
     def indptr(self) -> np.ndarray:

@@ -555,7 +555,9 @@ def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
                     except ValueError as err:
                         tried.append((label, None, str(err)))
                         if hot == 0 or last_err is None:  # raised: the smallest footprint's reason
-                            last_err = err
+                            # without its traceback, whose frames (this one) would hold the
+                            # degrees and hot-list scores in a cycle past the return
+                            last_err = err.with_traceback(None)
                         continue
                     key = (plan.state_slots if plan.slots < plan.num_parts else plan.num_parts,
                            plan.group)
@@ -571,6 +573,7 @@ def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
     finally:
         if own:
             probe.close()
+        del degrees, scores  # N-sized: not held by anything the caller keeps
     if best is None:
         assert last_err is not None
         raise last_err

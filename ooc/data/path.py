@@ -946,6 +946,8 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
                       int(topology[1].shape[0]) if topology is not None else None, task_bytes,
                       reuse=reuse)
     plan, pq_need, replan = mp.plan, mp.pq_bytes, mp.replan
+    # the planner's in-memory indptr: the topology below holds its own copy (counted in the plan)
+    ds.release("indptr")
     if mp.split is not None:
         log.info("budget split: %s", mp.split.describe())
     approx: "CompressedRows | None" = None

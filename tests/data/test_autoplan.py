@@ -339,3 +339,28 @@ def test_state_probe_batches_shrink_with_the_list_reads_of_a_batch(planted_datas
     assert _state_probe_batches(mid, 10**8) == 400_000 // (4096 * 11)
     full = _cfg(planted_dataset, fanouts=[-1, -1], batch_size=64)
     assert _state_probe_batches(full, 1000) == 16  # at most every node: 1,000 lists
+
+
+def test_no_node_sized_planner_array_outlives_the_data_path_build(tmp_path: Path) -> None:
+    """The split refuses some candidates (ValueError) and reads ``indptr``; once the data path is
+    built nothing holds the planner's ``indptr`` (the dataset's cache released it, no traceback
+    cycle keeps the planner's frame), even with the cyclic collector off."""
+    import gc
+    import weakref
+    from ooc.data.path import build_data_path
+    path = _dense(tmp_path)
+    kw = dict(mode="exact", fanouts=[3, 3], batch_size=16, eval_batch_size=16, eval_fanouts=[3, 3])
+    budget, mp = _smallest_budget(path, lambda mp: mp.topology == "disk", **kw)
+    assert budget is not None and any(c is None for _, c, _ in mp.split.candidates)
+    ds = Dataset(path)
+    planner_indptr = weakref.ref(ds.indptr)  # the array the planner reads (the dataset's cache)
+    gc.collect()
+    gc.disable()
+    try:
+        data = build_data_path(_cfg(path, memory_budget=str(budget), **kw), ds)
+        assert data.budget.budget == budget
+        assert planner_indptr() is None
+        data.close()
+    finally:
+        gc.enable()
+        ds.close()
