@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -32,12 +33,13 @@ import torch
 
 from ooc.models import GNN, to_torch_blocks
 from ooc.util.progress import progress as progress_bar
+from ooc.util.sizes import format_bytes
 from ooc.storage.rawarray import RawArray, RawArrayWriter
 
 if TYPE_CHECKING:  # pragma: no cover
     from ooc.data.path import DataPath
 
-__all__ = ["layerwise_inference", "LayerOutput", "Propagated", "write_rows_in_original_order",
+__all__ = ["layerwise_inference", "LayerOutput", "Propagated", "KeptInputsError", "write_rows_in_original_order",
            "IN_MEMORY_LIMIT", "layers_in_memory"]
 
 log = logging.getLogger("ooc.inference")
@@ -127,6 +129,16 @@ class Propagated:
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
         self.key: tuple | None = None
+        self.crc: tuple[int, int] = (0, 0)  # CRC-32 of the rows and propagated files, as written
+        self.read_bytes = 0  # of the kept inputs, by the last pass (0: it read the features)
+        self.written_bytes = 0  # by the last pass
+        self._said: set[tuple] = set()
+
+    def say_once(self, key: tuple, msg: str, *args: object) -> None:
+        """Log ``msg`` the first time for ``key`` (the same evaluation runs every epoch)."""
+        if key not in self._said:
+            self._said.add(key)
+            log.info(msg, *args)
 
     @staticmethod
     def key_of(model: GNN, targets: np.ndarray) -> tuple:
@@ -150,15 +162,21 @@ class Propagated:
         """The stored rows and propagated rows (close both)."""
         return RawArray(self.root / "rows"), RawArray(self.root / "propagated")
 
-    def commit(self, key: tuple, dests: list[np.ndarray]) -> None:
-        """Mark the files written by a pass as complete for ``key``."""
+    def commit(self, key: tuple, dests: list[np.ndarray], crc: tuple[int, int]) -> None:
+        """Mark the files written by a pass as complete for ``key``; ``crc``: the CRC-32 of the
+        bytes appended to ``rows`` and ``propagated``, checked as a later pass reads them."""
         np.savez(self.root / "dests.npz", **{f"d{i}": d for i, d in enumerate(dests)})
-        self.key = key
+        self.key, self.crc = key, crc
 
     def clear(self) -> None:
         """Forget and delete the stored inputs."""
         self.key = None
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+class KeptInputsError(Exception):
+    """The kept layer-0 inputs could not be read back as written (missing, short, or another
+    CRC-32): the pass is run again from the features, which rebuilds them."""
 
 
 def needed_nodes(sampler, targets: np.ndarray, num_layers: int, batch_size: int = 4096
@@ -190,6 +208,26 @@ def needed_nodes(sampler, targets: np.ndarray, num_layers: int, batch_size: int 
 
 @torch.no_grad()
 def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
+                        out_dir: str | os.PathLike | None = None, device: torch.device | str = "cpu",
+                        keep: tuple[int, ...] | None = None, progress: bool = False,
+                        targets: np.ndarray | None = None, memory: int | None = None,
+                        propagated: "Propagated | None" = None) -> dict[int, LayerOutput]:
+    """Run ``model`` layer by layer with full neighbourhoods (see :func:`_layerwise`, which has the
+    arguments); kept layer-0 inputs that cannot be read back as written (:class:`KeptInputsError`)
+    are dropped with a warning and the pass runs again from the features, rebuilding them."""
+    args = (model, data, batch_size, out_dir, device, keep, progress, targets, memory)
+    if propagated is not None:
+        propagated.read_bytes = propagated.written_bytes = 0
+        try:
+            return _layerwise(*args, propagated)
+        except KeptInputsError as err:
+            log.warning("layer-wise inference: layer 0's kept inputs in %s %s; reading the features "
+                        "instead (they are written again)", propagated.root, err)
+            propagated.clear()
+    return _layerwise(*args, propagated)
+
+
+def _layerwise(model: GNN, data: "DataPath", batch_size: int = 1024,
                         out_dir: str | os.PathLike | None = None, device: torch.device | str = "cpu",
                         keep: tuple[int, ...] | None = None, progress: bool = False,
                         targets: np.ndarray | None = None, memory: int | None = None,
@@ -253,16 +291,27 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
         key = Propagated.key_of(model, targets)
     cached = key is not None and propagated.ready(key)  # type: ignore[union-attr]
     if cached:
-        dests = propagated.dests()  # type: ignore[union-attr,assignment]
+        try:
+            dests = propagated.dests()  # type: ignore[union-attr,assignment]
+        except (OSError, ValueError, KeyError) as err:
+            raise KeptInputsError(f"(dests.npz: {err})") from None
     elif targets is not None:
         dests = needed_nodes(sampler, targets, L, max(batch_size, 4096))  # type: ignore[assignment]
         owner = np.searchsorted(offsets, dests[0], side="right") - 1  # type: ignore[arg-type]
         cut = _cut_inputs(sampler, dests[0], owner, offsets, max(batch_size, 4096))  # type: ignore[arg-type]
     # keep layer 0's inputs for the next pass where they are at most half the feature file
-    build = (key is not None and not cached and int(dests[0].shape[0]) * (row_bytes + 4 * model.dims[0])  # type: ignore[union-attr]
-             <= n * row_bytes // 2)
+    kept_bytes = int(dests[0].shape[0]) * (row_bytes + 4 * model.dims[0]) if key is not None else 0  # type: ignore[union-attr]
+    build = key is not None and not cached and kept_bytes <= n * row_bytes // 2
     if key is not None and not cached:
         propagated.clear()  # type: ignore[union-attr]
+        if build:
+            propagated.say_once(key, "layer-wise inference keeps layer 0's inputs of %d nodes (%s) in %s: "  # type: ignore[union-attr]
+                                "later passes over the same targets read them instead of the features",
+                                int(dests[0].shape[0]), format_bytes(kept_bytes), propagated.root)  # type: ignore[union-attr]
+        else:
+            propagated.say_once(key, "layer-wise inference does not keep layer 0's inputs: %d nodes' rows "  # type: ignore[union-attr]
+                                "and float32 aggregates (%s) are more than half the feature file (%s)",
+                                int(dests[0].shape[0]), format_bytes(kept_bytes), format_bytes(n * row_bytes))
     rows = [n if d is None else int(d.shape[0]) for d in dests]
     sizes = [r * w * 4 for r, w in zip(rows, model.dims[1:])]
     widest = max(sizes)
@@ -309,12 +358,23 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
                 writer, mem = None, np.empty((rows[i], width), dtype=np.float32)
             done = 0
             if i == 0 and cached:  # the kept inputs, read in order, instead of the features
-                rows_in, agg_in = propagated.open()  # type: ignore[union-attr]
+                try:
+                    rows_in, agg_in = propagated.open()  # type: ignore[union-attr]
+                except OSError as err:
+                    raise KeptInputsError(f"({err})") from None
+                crc = [0, 0]
                 try:
                     for s in range(0, rows[0], batch_size):
                         e = min(s + batch_size, rows[0])
-                        h_dst = data.to_input(rows_in.read(s, e))
-                        agg = torch.from_numpy(agg_in.read(s, e))
+                        try:
+                            raw_rows, raw_agg = rows_in.read(s, e), agg_in.read(s, e)
+                        except OSError as err:
+                            raise KeptInputsError(f"({err})") from None
+                        crc[0] = zlib.crc32(raw_rows, crc[0])
+                        crc[1] = zlib.crc32(raw_agg, crc[1])
+                        propagated.read_bytes += raw_rows.nbytes + raw_agg.nbytes  # type: ignore[union-attr]
+                        h_dst = data.to_input(raw_rows)
+                        agg = torch.from_numpy(raw_agg)
                         if device.type != "cpu":
                             h_dst, agg = h_dst.to(device), agg.to(device)
                         out = model.layer_from_propagated(0, h_dst, agg).float().cpu().numpy()
@@ -327,7 +387,10 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
                 finally:
                     rows_in.close()
                     agg_in.close()
+                if tuple(crc) != propagated.crc:  # type: ignore[union-attr]
+                    raise KeptInputsError("(their CRC-32 differs from what was written)")
             kept_rows = kept_agg = None
+            kept_crc = [0, 0]
             if i == 0 and build:
                 propagated.root.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
                 feats = data.buffer.features
@@ -373,9 +436,14 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
                     if kept_agg is not None:  # layer 0, its inputs kept: the same layer in two parts
                         agg = model.layer_propagate(0, block, h)
                         out = model.layer_from_propagated(0, h[: block.num_dst], agg).float().cpu().numpy()
-                        kept_rows.append(raw[: block.num_dst])  # type: ignore[union-attr]
-                        kept_agg.append(agg.float().cpu().numpy())
-                        del agg
+                        own = np.ascontiguousarray(raw[: block.num_dst])
+                        agg_np = np.ascontiguousarray(agg.float().cpu().numpy())
+                        kept_rows.append(own)  # type: ignore[union-attr]
+                        kept_agg.append(agg_np)
+                        kept_crc[0] = zlib.crc32(own, kept_crc[0])
+                        kept_crc[1] = zlib.crc32(agg_np, kept_crc[1])
+                        propagated.written_bytes += own.nbytes + agg_np.nbytes  # type: ignore[union-attr]
+                        del agg, agg_np
                     else:
                         out = model.layer_forward(i, block, h).float().cpu().numpy()
                     if writer is not None:
@@ -388,7 +456,7 @@ def layerwise_inference(model: GNN, data: "DataPath", batch_size: int = 1024,
             if kept_agg is not None:
                 kept_rows.close()  # type: ignore[union-attr]
                 kept_agg.close()
-                propagated.commit(key, dests)  # type: ignore[union-attr,arg-type]
+                propagated.commit(key, dests, (kept_crc[0], kept_crc[1]))  # type: ignore[union-attr,arg-type]
             if writer is not None:
                 writer.close()
                 cur = LayerOutput(RawArray(root / f"layer{i}"), d_i)  # type: ignore[operator]

@@ -148,7 +148,10 @@ def evaluate_node_layerwise(model: GNN, task: "NodeTask", device: torch.device |
                                propagated=propagated)
     logits = outs[model.num_layers - 1]
     labels = task.ds.labels
-    res = {}
+    res: dict = {}
+    if propagated is not None:  # bytes of layer 0's kept inputs this evaluation read / wrote
+        res["eval_kept_read_bytes"] = propagated.read_bytes
+        res["eval_kept_written_bytes"] = propagated.written_bytes
     for k, ids in (("val_acc", task.val_ids), ("test_acc", task.test_ids)):
         res[k] = _node_scores(logits.gather(ids), labels, ids, task.multilabel)
     val_logits = torch.from_numpy(np.ascontiguousarray(logits.gather(task.val_ids)))

@@ -297,3 +297,36 @@ def test_layer0_inputs_are_not_kept_when_they_would_outweigh_the_features(plante
     layerwise_inference(net, task.data, 500, keep=(2,), targets=np.arange(ds.num_nodes), propagated=kept)
     assert kept.key is None and not (tmp_path / "kept").exists()
     task.close()
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "dests"])
+def test_damaged_kept_inputs_are_rebuilt_from_the_features(planted_dataset: Path, tmp_path: Path,
+                                                           damage: str,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    from ooc.inference import Propagated
+    ds, task, net = _three_layers(planted_dataset, tmp_path, "sage")
+    targets = np.array([2999, 5, 17, 1500, 0, 2047])
+    kept = Propagated(tmp_path / "kept")
+    first = layerwise_inference(net, task.data, 50, keep=(2,), targets=targets, propagated=kept)[2]
+    assert kept.written_bytes > 0 and kept.read_bytes == 0
+    chunk = next((tmp_path / "kept" / "propagated").rglob("c/*/*"))
+    if damage == "flip":  # same size, one byte changed
+        b = bytearray(chunk.read_bytes())
+        b[len(b) // 2] ^= 0xFF
+        chunk.write_bytes(bytes(b))
+    elif damage == "truncate":
+        chunk.write_bytes(b"")
+    elif damage == "delete":
+        import shutil
+        shutil.rmtree(tmp_path / "kept" / "rows")
+    else:
+        (tmp_path / "kept" / "dests.npz").write_bytes(b"not a zip")
+    with caplog.at_level("WARNING", logger="ooc.inference"):
+        again = layerwise_inference(net, task.data, 50, keep=(2,), targets=targets, propagated=kept)[2]
+    assert "reading the features instead" in caplog.text
+    np.testing.assert_allclose(again.array, first.array, rtol=1e-5, atol=1e-6)
+    assert kept.ready(Propagated.key_of(net, targets)) and kept.written_bytes > 0  # rebuilt
+    third = layerwise_inference(net, task.data, 50, keep=(2,), targets=targets, propagated=kept)[2]
+    assert kept.read_bytes > 0 and kept.written_bytes == 0  # read back, as written
+    np.testing.assert_allclose(third.array, first.array, rtol=1e-5, atol=1e-6)
+    task.close()
