@@ -287,7 +287,8 @@ def _layerwise(model: GNN, data: "DataPath", batch_size: int = 1024,
     row_bytes = data.buffer.row_bytes
     cut: dict[int, np.ndarray] = {}
     key = None
-    if targets is not None and propagated is not None and model.propagates(0):
+    # (a user's model, MODULE:CLASS, has layer_forward but no propagation contract: never kept)
+    if targets is not None and propagated is not None and isinstance(model, GNN) and model.propagates(0):
         key = Propagated.key_of(model, targets)
     cached = key is not None and propagated.ready(key)  # type: ignore[union-attr]
     if cached:
