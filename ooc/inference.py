@@ -378,13 +378,8 @@ def _layerwise(model: GNN, data: "DataPath", batch_size: int = 1024,
                         agg = torch.from_numpy(raw_agg)
                         if device.type != "cpu":
                             h_dst, agg = h_dst.to(device), agg.to(device)
-                        out = model.layer_from_propagated(0, h_dst, agg).float().cpu().numpy()
-                        if writer is not None:
-                            writer.append(out)
-                        else:
-                            mem[done:done + (e - s)] = out  # type: ignore[index]
-                        done += e - s
-                        bar.update(e - s)
+                        done = _emit(model.layer_from_propagated(0, h_dst, agg).float().cpu().numpy(),
+                                     writer, mem, done, bar)
                 finally:
                     rows_in.close()
                     agg_in.close()
@@ -447,12 +442,7 @@ def _layerwise(model: GNN, data: "DataPath", batch_size: int = 1024,
                         del agg, agg_np
                     else:
                         out = model.layer_forward(i, block, h).float().cpu().numpy()
-                    if writer is not None:
-                        writer.append(out)
-                    else:
-                        mem[done:done + (e - s)] = out  # type: ignore[index]
-                    done += e - s
-                    bar.update(e - s)
+                    done = _emit(out, writer, mem, done, bar)
                 del window
             if kept_agg is not None:
                 kept_rows.close()  # type: ignore[union-attr]
@@ -475,6 +465,18 @@ def _layerwise(model: GNN, data: "DataPath", batch_size: int = 1024,
     finally:
         bar.close()
     return outputs
+
+
+def _emit(out: np.ndarray, writer: RawArrayWriter | None, mem: np.ndarray | None, done: int,
+          bar) -> int:
+    """Append a block's output rows to the layer (its Zarr writer, else its in-memory array at row
+    ``done``); returns the rows written so far."""
+    if writer is not None:
+        writer.append(out)
+    else:
+        mem[done:done + out.shape[0]] = out  # type: ignore[index]
+    bar.update(out.shape[0])
+    return done + out.shape[0]
 
 
 def _groups(data: "DataPath", offsets: np.ndarray, row_bytes: int, cap: int, start: int, stop: int
