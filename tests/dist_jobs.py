@@ -180,3 +180,18 @@ def hot_topology(ds_path: str, out: str, size: int) -> None:
         data.close()
     finally:
         ctx.close()
+
+
+
+def aborting_teardown(out: str) -> None:
+    """Write a marker from an ``atexit`` handler, print without flushing, and register C's
+    ``abort`` as an exit handler (``__cxa_atexit``): it runs as the process exits, after the interpreter's
+    finalisation, as a library's C++ static destructor does (one that finds a thread still joinable
+    calls ``std::terminate``)."""
+    import atexit
+    import ctypes
+    atexit.register(lambda: Path(out, "atexit-ran").write_text("1"))
+    libc = ctypes.CDLL(None)  # __cxa_atexit is how a C++ static object registers its destructor
+    libc.__cxa_atexit.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    assert libc.__cxa_atexit(ctypes.cast(libc.abort, ctypes.c_void_p), None, None) == 0
+    print("rank done", end="", flush=False)  # unflushed: the rank's exit must flush it

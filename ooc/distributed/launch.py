@@ -193,8 +193,25 @@ def _entry(fn: Callable[..., Any], args: tuple, env: dict[str, str]) -> None:
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(1)  # do not wait for threads blocked in I/O or collectives
+    _exit_success()
+
+
+def _exit_success() -> None:
+    """End a rank whose work succeeded: run the ``atexit`` handlers (logging's flush among them),
+    flush the standard streams and leave with status 0 through ``os._exit``.
+
+    A normal interpreter exit also runs the C++ static destructors of the libraries a rank loaded,
+    and one of them (a worker thread of a process group or thread pool still joinable at that point)
+    can call ``std::terminate`` -- "terminate called without an active exception", SIGABRT -- after
+    every file of the run was written.  Nothing the rank needs happens in that teardown: its files
+    are closed by the training loop, its shared-memory segments are unlinked as soon as every rank
+    has mapped them (:mod:`ooc.data.shared`), and a rank starts no child process.
+    """
+    import atexit
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
+    os._exit(0)
 
 
 def _is_user_error(e: BaseException) -> bool:

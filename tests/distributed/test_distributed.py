@@ -260,6 +260,19 @@ def test_torchrun(planted_dataset: Path, tmp_path: Path, single_128: tuple[Path,
     _assert_close(_weights(single_128[0]), _weights(tmp_path / "tr"), atol=1e-5)
 
 
+def test_successful_rank_exits_zero_whatever_its_teardown(tmp_path: Path,
+                                                          capfd: pytest.CaptureFixture) -> None:
+    """A rank whose work succeeded exits 0 even when an object left for the interpreter's teardown
+    would abort the process (as a library's joinable C++ thread does at exit); its ``atexit``
+    handlers still run and its unflushed output still arrives."""
+    from dist_jobs import aborting_teardown
+    out = tmp_path / "out"
+    out.mkdir()
+    assert launch(aborting_teardown, (str(out),), LaunchSpec(["cpu"] * 2), timeout_s=JOB_TIMEOUT) == 0
+    assert (out / "atexit-ran").read_text() == "1"
+    assert capfd.readouterr().out.count("rank done") == 2
+
+
 def test_killed_rank_ends_the_job(tmp_path: Path) -> None:
     """Two "machines" of one rank each; SIGKILL machine 1's rank mid-epoch: both launchers exit
     non-zero within 60 s with an error naming the failure."""
