@@ -326,7 +326,7 @@ def _train_config(args: argparse.Namespace) -> "TrainConfig":
             raise ValueError("--resume RUN uses RUN/config.yaml; do not pass --config as well")
         saved = Path(resume) / "config.yaml"
         if not saved.exists():
-            raise FileNotFoundError(f"{saved}: not a run directory (no config.yaml)")
+            raise FileNotFoundError(f"{resume}: not a run directory (it has no config.yaml)")
         cfg = TrainConfig.from_sources(saved, _flags(args), getattr(args, "set", None))
         cfg.output_dir = str(resume)
         return cfg

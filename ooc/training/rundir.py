@@ -169,7 +169,7 @@ def guard_inference(run: str | os.PathLike, dataset: str | None = None, verify: 
     r = Path(run)
     saved = r / "config.yaml"
     if not saved.is_file():
-        raise FileNotFoundError(f"{saved}: not a run directory (no config.yaml)")
+        raise FileNotFoundError(f"{r}: not a run directory (it has no config.yaml)")
     try:
         data = load_yaml(saved)
         trained_on = str((data.get("data") or {}).get("dataset", "") or data.get("dataset", ""))

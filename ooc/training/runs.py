@@ -50,7 +50,7 @@ def load_run(run: str | os.PathLike, dataset: str | None = None,
     run = Path(run)
     conf = run / "config.yaml"
     if not conf.exists():
-        raise FileNotFoundError(f"{conf}: not a run directory (no config.yaml)")
+        raise FileNotFoundError(f"{run}: not a run directory (it has no config.yaml)")
     cfg = TrainConfig.from_sources(conf)
     cfg.progress = False
     if dataset:

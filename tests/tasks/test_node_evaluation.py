@@ -88,3 +88,19 @@ def test_layerwise_evaluations_after_the_first_reuse_layer0_inputs_and_score_the
     for a, b in zip(auto["history"], sampled["history"]):
         assert a["val_acc"] == b["val_acc"] and a["test_acc"] == b["test_acc"]
         assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
+
+
+def test_a_dataset_without_validation_nodes_warns_that_model_selection_keeps_the_first(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from ooc.ingest.convert import write_graph_dataset
+    from ooc.kernels.generators import planted_partition
+    from ooc.kernels.partition import contiguous_partitions
+    g = planted_partition(600, num_classes=2, avg_degree=6, feat_dim=4, noise=2.0, seed=1,
+                          train_frac=0.5)
+    ds = write_graph_dataset(tmp_path / "noval", g.num_nodes, g.src, g.dst, g.features, g.labels,
+                             {"train": g.train, "test": g.test}, g.num_classes, "noval",
+                             partition_offsets=contiguous_partitions(600, 8))
+    with caplog.at_level("WARNING", logger="ooc"):
+        m = train(_cfg(ds, tmp_path / "run", epochs=1))
+    assert "has no validation nodes" in caplog.text and "--weights last" in caplog.text
+    assert m["val_acc"] == 0.0 and m["test_acc"] > 0.5
