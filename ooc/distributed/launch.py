@@ -25,7 +25,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import torch
 
@@ -196,7 +196,7 @@ def _entry(fn: Callable[..., Any], args: tuple, env: dict[str, str]) -> None:
     _exit_success()
 
 
-def _exit_success() -> None:
+def _exit_success() -> NoReturn:
     """End a rank whose work succeeded: run the ``atexit`` handlers (logging's flush among them),
     flush the standard streams and leave with status 0 through ``os._exit``.
 
@@ -370,11 +370,12 @@ def train_worker(cfg_dict: dict, resume: bool) -> None:
 
 
 def run_cli(cfg: Any, resume: bool, spec: LaunchSpec | None) -> int:
-    """``ooc train`` with ``--devices`` / ``--nnodes`` (``spec``) or inside a torchrun job
-    (``spec`` None): launch or join, and return the exit status."""
+    """``ooc train`` with ``--devices`` / ``--nnodes`` (``spec``): launch the ranks and return the
+    exit status; inside a torchrun job (``spec`` None) this process is the rank: train, then leave
+    with status 0 through :func:`_exit_success` (this call does not return), or raise."""
     if spec is None:
         train_worker(cfg.to_dict(), resume)
-        return 0
+        _exit_success()
     from pathlib import Path
     out = Path(cfg.output_dir)
     existed = out.exists()

@@ -273,6 +273,24 @@ def test_successful_rank_exits_zero_whatever_its_teardown(tmp_path: Path,
     assert capfd.readouterr().out.count("rank done") == 2
 
 
+def test_torchrun_rank_exits_zero_whatever_its_teardown(tmp_path: Path) -> None:
+    """A rank started by torchrun is the ``ooc train`` process itself: after its work succeeded it
+    too exits 0 with its ``atexit`` handlers run and its output flushed, whatever its teardown does."""
+    out = tmp_path / "out"
+    out.mkdir()
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import importlib\n"
+            "L = importlib.import_module('ooc.distributed.launch')\n"
+            "from dist_jobs import aborting_teardown\n"
+            "L.train_worker = lambda cfg, resume: aborting_teardown(sys.argv[2])\n"
+            "class Cfg:\n    def to_dict(self): return {}\n"
+            "L.run_cli(Cfg(), False, None)\nraise SystemExit(3)  # run_cli must not return\n")
+    p = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent.parent), str(out)],
+                       capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+    assert (out / "atexit-ran").read_text() == "1"
+    assert p.stdout == "rank done"
+
+
 def test_killed_rank_ends_the_job(tmp_path: Path) -> None:
     """Two "machines" of one rank each; SIGKILL machine 1's rank mid-epoch: both launchers exit
     non-zero within 60 s with an error naming the failure."""
