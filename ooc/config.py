@@ -45,15 +45,21 @@ def parse_fanouts(text: str | list[int]) -> list[int]:
     """``"10,10"`` -> ``[10, 10]``; ``-1`` means all neighbours.
 
     Raises:
-        ValueError: an entry is not an integer, is 0 or below -1, or the list is empty.
+        ValueError: an entry is not an integer or is empty (``"10,,5"``, ``"10,"``: one layer
+            fewer than written), is 0 or below -1, or the list is empty.
     """
     if isinstance(text, (list, tuple)):
         vals = [int(v) for v in text]
     elif isinstance(text, int) and not isinstance(text, bool):
         vals = [text]
     else:
+        body = str(text).strip().strip("[]").strip()
+        items = body.split(",") if body else []
+        if any(v.strip() == "" for v in items):
+            raise ValueError(f"fanouts must be comma-separated integers, got {text!r} (an empty "
+                             "entry: one per layer, e.g. 10,10)")
         try:
-            vals = [int(v) for v in str(text).strip("[]").split(",") if v.strip() != ""]
+            vals = [int(v) for v in items]
         except ValueError:
             raise ValueError(f"fanouts must be comma-separated integers, got {text!r}") from None
     if not vals:

@@ -347,12 +347,20 @@ def launch_spec_from_args(args: Any, cfg: Any = None) -> "LaunchSpec | str | Non
     return spec
 
 
-def train_worker(cfg_dict: dict, resume: bool) -> None:
-    """One rank of ``ooc train --devices ...`` (or of a torchrun job): join, train, leave."""
+def train_worker(cfg_dict: dict, resume: bool, control: dict | None = None) -> None:
+    """One rank of ``ooc train --devices ...`` (or of a torchrun job): join, train, leave.
+
+    Args:
+        cfg_dict: the run's configuration (:meth:`TrainConfig.to_dict`).
+        resume: continue the run's checkpoint.
+        control: the run-control flags (``--overwrite`` / ``--wait``, not configuration fields:
+            :func:`ooc.training.rundir.run_control`); None: neither.
+    """
     import logging as _logging
 
     from ooc.config import TrainConfig
     from ooc.training.loop import train
+    from ooc.training.rundir import set_run_control
     if not _logging.getLogger().handlers:
         _logging.basicConfig(level=_logging.WARNING,
                              format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -363,6 +371,8 @@ def train_worker(cfg_dict: dict, resume: bool) -> None:
     ctx = init_from_env()
     try:
         cfg = TrainConfig().update(cfg_dict, source="launcher")
+        if control:
+            set_run_control(cfg, **control)
         cfg.progress = cfg.progress and ctx.is_main
         train(cfg, resume=resume, job=ctx)
     finally:
@@ -373,13 +383,14 @@ def run_cli(cfg: Any, resume: bool, spec: LaunchSpec | None) -> int:
     """``ooc train`` with ``--devices`` / ``--nnodes`` (``spec``): launch the ranks and return the
     exit status; inside a torchrun job (``spec`` None) this process is the rank: train, then leave
     with status 0 through :func:`_exit_success` (this call does not return), or raise."""
+    from ooc.training.rundir import run_control
     if spec is None:
-        train_worker(cfg.to_dict(), resume)
+        train_worker(cfg.to_dict(), resume, run_control(cfg))
         _exit_success()
     from pathlib import Path
     out = Path(cfg.output_dir)
     existed = out.exists()
-    rc = launch(train_worker, (cfg.to_dict(), resume), spec)
+    rc = launch(train_worker, (cfg.to_dict(), resume, run_control(cfg)), spec)
     if rc != 0 and not existed and out.is_dir() and not (out / "metrics.jsonl").exists():
         import shutil  # set-up failed on this machine: leave no half-made run folder
         shutil.rmtree(out, ignore_errors=True)

@@ -28,7 +28,7 @@ from ooc.storage.verify import read_verification, set_read_verification
 from ooc.storage.locks import PathLock
 from ooc.util.procs import remove_dead_leftovers
 
-__all__ = ["RunGuard", "guarded", "RUN_FILES", "holds_run", "set_run_control", "run_lock",
+__all__ = ["RunGuard", "guarded", "RUN_FILES", "holds_run", "set_run_control", "run_control", "run_lock",
            "guard_inference"]
 
 #: What a run directory holds (``ooc train``, ``ooc eval``): its presence marks a run.
@@ -46,8 +46,11 @@ def set_run_control(cfg: Any, overwrite: bool = False, wait: bool = False) -> An
     return cfg
 
 
-def _control(cfg: Any) -> dict:
-    return cfg.__dict__.get("_run_control", {"overwrite": False, "wait": None})
+def run_control(cfg: Any) -> dict:
+    """The run-control flags attached by :func:`set_run_control` (``{"overwrite", "wait"}``; the
+    defaults where none were), e.g. to hand them to the ranks of a data-parallel job."""
+    return dict(cfg.__dict__.get("_run_control", {"overwrite": False, "wait": None}))
+
 
 
 def holds_run(path: Path) -> list[str]:
@@ -88,7 +91,7 @@ class RunGuard:
         self._mode: str | None = None
 
     def __enter__(self) -> "RunGuard":
-        ctl = _control(self.cfg)
+        ctl = run_control(self.cfg)
         out = Path(self.cfg.output_dir) if self.dist is None else \
             Path(self.dist.run_dir(self.cfg.output_dir))
         if out.exists() and not out.is_dir():

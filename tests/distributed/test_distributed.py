@@ -281,7 +281,7 @@ def test_torchrun_rank_exits_zero_whatever_its_teardown(tmp_path: Path) -> None:
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import importlib\n"
             "L = importlib.import_module('ooc.distributed.launch')\n"
             "from dist_jobs import aborting_teardown\n"
-            "L.train_worker = lambda cfg, resume: aborting_teardown(sys.argv[2])\n"
+            "L.train_worker = lambda cfg, resume, control: aborting_teardown(sys.argv[2])\n"
             "class Cfg:\n    def to_dict(self): return {}\n"
             "L.run_cli(Cfg(), False, None)\nraise SystemExit(3)  # run_cli must not return\n")
     p = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent.parent), str(out)],
@@ -289,6 +289,28 @@ def test_torchrun_rank_exits_zero_whatever_its_teardown(tmp_path: Path) -> None:
     assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
     assert (out / "atexit-ran").read_text() == "1"
     assert p.stdout == "rank done"
+
+
+def test_overwrite_reaches_the_ranks(tmp_path: Path) -> None:
+    """``--overwrite`` is not a configuration field; under ``--devices 2`` it still reaches rank 0,
+    which replaces the earlier run; without it the earlier run is refused and left as it was."""
+    n = 400
+    ds = _ring_dataset(tmp_path / "ring", n, np.arange(20, n), np.arange(10), np.arange(10, 20))
+    out = tmp_path / "run"
+    args = ["train", str(ds), "--fanout", "2", "--hidden", "8", "--batch-size", "32", "--epochs", "1",
+            "--partitions", "1", "--buffer-partitions", "1", "--output-dir", str(out),
+            "--no-progress", "--devices", "2"]
+    rc, _, err = _finish(_cli(args, JOB_TIMEOUT), JOB_TIMEOUT)
+    assert rc == 0, err[-3000:]
+    first = (out / "metrics.json").read_bytes()
+    (out / "metrics.json").write_bytes(first + b" ")  # marks the earlier run's file
+    rc, _, err = _finish(_cli(args, JOB_TIMEOUT), JOB_TIMEOUT)
+    assert rc != 0 and "holds another run" in err and "pass --overwrite" in err
+    assert (out / "metrics.json").read_bytes() == first + b" "
+    rc, _, err = _finish(_cli(args + ["--overwrite"], JOB_TIMEOUT), JOB_TIMEOUT)
+    assert rc == 0, err[-3000:]
+    assert (out / "metrics.json").read_bytes() != first + b" "
+    assert (out / "rank1" / "model.pt").exists()
 
 
 def test_killed_rank_ends_the_job(tmp_path: Path) -> None:

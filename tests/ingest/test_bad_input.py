@@ -164,6 +164,13 @@ def test_fanout_zero_says_why(tmp_path: Path, capsys) -> None:
     assert "fanout 0 invalid: use a positive count or -1 for all neighbours" in _err(capsys)
 
 
+@pytest.mark.parametrize("fanout", ["10,,5", "10,", ",10"])
+def test_an_empty_fanout_entry_is_refused_not_dropped(tmp_path: Path, capsys, fanout: str) -> None:
+    """Dropping the empty entry would train a model with one layer fewer than written."""
+    assert main(["train", str(tmp_path), "--fanout", fanout]) == 2
+    assert f"fanouts must be comma-separated integers, got '{fanout}' (an empty entry" in _err(capsys)
+
+
 def test_disk_full_is_named(tmp_path: Path) -> None:
     import errno
 
