@@ -20,6 +20,7 @@ dataset directory at the target path.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import secrets
 import shutil
@@ -38,7 +39,7 @@ from ooc.storage.rawarray import RawArray, RawArrayWriter, write_array, write_gr
 from ooc.storage.verify import read_verification, verifier_for
 
 __all__ = ["Dataset", "DatasetWriter", "DatasetStage", "ArrayGroupWriter", "DatasetError", "sha256_file",
-           "ARRAY_NAMES", "read_manifest", "is_dataset", "pending_rewrite", "pending_rewrite_error",
+           "ARRAY_NAMES", "read_manifest", "dataset_identity", "is_dataset", "pending_rewrite", "pending_rewrite_error",
            "REWRITE_DIR", "REWRITE_JOURNAL"]
 
 ARRAY_NAMES = {
@@ -141,7 +142,6 @@ def pending_rewrite(path: str | os.PathLike) -> dict | None:
         DatasetError: the journal exists but is not valid JSON (never written torn: it is
             replaced atomically; a damaged one is named).
     """
-    import json
     f = Path(path) / REWRITE_DIR / REWRITE_JOURNAL
     try:
         text = f.read_text()
@@ -529,7 +529,6 @@ def _open_catalog(path: Path) -> Catalog:
 
 
 def _catalog_json(cat: Catalog, key: str, path: Path) -> Any:
-    import json
 
     import lmdb
     try:
@@ -540,6 +539,27 @@ def _catalog_json(cat: Catalog, key: str, path: Path) -> Any:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DatasetError(f"{path / 'catalog.lmdb'}: key {key!r} is not valid JSON ({e}); the "
                            "catalog is damaged") from None
+
+
+def dataset_identity(manifest: dict) -> dict:
+    """What fixes a dataset's node numbering and graph, from its manifest: when it was written
+    (``created``: a new conversion or generation into the same folder), its sizes, and its
+    partitioning (``ooc partition`` renumbers the nodes in place; durations left out, so the same
+    partitioning run twice is the same identity).  Two datasets with equal identities number the
+    same nodes alike; a checkpoint keeps its dataset's identity so that ``--resume`` can refuse a
+    dataset that changed underneath the run.
+
+    Returns:
+        ``{"created", "num_nodes", "directed_edges", "partitioning"}`` (JSON values; the last is
+        ``{"method", "num_parts", "digest"}`` or None when never partitioned).
+    """
+    part = manifest.get("partitioning") or None
+    if part is not None:
+        kept = {k: v for k, v in sorted(part.items()) if not k.endswith("seconds")}
+        digest = hashlib.blake2b(json.dumps(kept, sort_keys=True).encode(), digest_size=8).hexdigest()
+        part = {"method": part.get("method"), "num_parts": part.get("num_parts"), "digest": digest}
+    return {"created": manifest.get("created"), "num_nodes": manifest.get("num_nodes"),
+            "directed_edges": manifest.get("directed_edges"), "partitioning": part}
 
 
 def read_manifest(path: str | os.PathLike) -> dict:

@@ -870,17 +870,6 @@ def _join_dash_values(argv: list[str], sizes: set[str]) -> list[str]:
     return out
 
 
-class _PlainFormatter(logging.Formatter):
-    """Log records worded as the CLI's other messages: ``ooc COMMAND: warning: MESSAGE``."""
-
-    def __init__(self, command: str) -> None:
-        super().__init__("%(message)s")
-        self.prefix = f"ooc {command}"
-
-    def format(self, record: logging.LogRecord) -> str:
-        return f"{self.prefix}: {record.levelname.lower()}: {super().format(record)}"
-
-
 def _setup_logging(command: str, verbose: bool) -> None:
     """Warnings of every command on stderr as plain lines (``ooc partition: warning: ...``, like
     ``ooc partition: error: ...``); with ``-v`` every record from DEBUG on, timestamped and named by
@@ -890,7 +879,8 @@ def _setup_logging(command: str, verbose: bool) -> None:
         logging.basicConfig(level=logging.DEBUG, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         return
     handler = logging.StreamHandler()
-    handler.setFormatter(_PlainFormatter(command))
+    from ooc.util.logs import PlainFormatter
+    handler.setFormatter(PlainFormatter(f"ooc {command}"))
     logging.basicConfig(level=logging.WARNING, handlers=[handler])
 
 

@@ -361,9 +361,11 @@ def train_worker(cfg_dict: dict, resume: bool, control: dict | None = None) -> N
     from ooc.config import TrainConfig
     from ooc.training.loop import train
     from ooc.training.rundir import set_run_control
-    if not _logging.getLogger().handlers:
-        _logging.basicConfig(level=_logging.WARNING,
-                             format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not _logging.getLogger().handlers:  # a spawned rank: warnings worded as ooc train's own
+        from ooc.util.logs import PlainFormatter
+        handler = _logging.StreamHandler()
+        handler.setFormatter(PlainFormatter(f"ooc train: rank {os.environ.get('RANK', '?')}"))
+        _logging.basicConfig(level=_logging.WARNING, handlers=[handler])
     import threading
 
     from tqdm import tqdm

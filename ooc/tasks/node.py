@@ -214,10 +214,6 @@ class NodeTask:
             raise ValueError(f"{cfg.dataset}: no training nodes")
         self.train_ids = train_ids
         self.val_ids, self.test_ids = ds.split("valid"), ds.split("test")
-        if self.val_ids.shape[0] == 0:
-            log.warning("%s has no validation nodes: val_acc and val_loss read 0, so model.pt keeps "
-                        "the weights of the first evaluation (use --weights last with ooc eval / "
-                        "ooc predict for the latest)", cfg.dataset)
         if self.job.world_size > 1:
             self._check_copies()
         self.data = build_data_path(cfg, ds, self.job, rss, task="node", train_ids=train_ids,

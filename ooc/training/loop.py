@@ -49,7 +49,7 @@ from ooc.config import TrainConfig
 from ooc.contracts import Job, SingleProcess, Task
 from ooc.data.budget import RssMonitor
 from ooc.models import build_model
-from ooc.storage.dataset import Dataset
+from ooc.storage.dataset import Dataset, dataset_identity, read_manifest
 from ooc.training.rundir import guarded
 from ooc.training.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from ooc.util.files import read_jsonl, temp_sibling, write_json_atomic, write_jsonl_atomic
@@ -284,6 +284,26 @@ def _check_resume_config(saved: dict, now: dict) -> None:
                          + ", ".join(sorted(RESUMABLE_CHANGES)) + " may change")
 
 
+def _check_resume_dataset(saved: dict | None, now: dict, dataset: str, run: Path) -> None:
+    """Raise ValueError when the dataset changed since ``run``'s checkpoint was written
+    (:func:`~ooc.storage.dataset.dataset_identity`: partitioned again, converted or generated
+    again into the same folder): its node ids would no longer be the checkpoint's.  A checkpoint
+    without a recorded identity (written before it was kept) is not checked."""
+    if saved is None or saved == now:
+        return
+    if saved.get("partitioning") != now.get("partitioning"):
+        def name(p: dict | None) -> str:
+            return "not partitioned" if not p else f"{p.get('num_parts')} {p.get('method')} partitions"
+        what = (f"it was partitioned again ({name(saved.get('partitioning'))} then, "
+                f"{name(now.get('partitioning'))} now: partitioning renumbers the nodes)")
+    else:
+        what = (f"it was written again (created {saved.get('created')} then, {now.get('created')} "
+                f"now; {saved.get('num_nodes')} -> {now.get('num_nodes')} nodes)")
+    raise ValueError(f"--resume {run}: the dataset {dataset} changed since the checkpoint: {what}; "
+                     "the checkpoint's model and plan refer to the old node ids. Start a new run "
+                     "(another --output-dir, or --overwrite)")
+
+
 def _check_resume_layout(saved: dict, now: dict, run: Path) -> None:
     """Raise ValueError when the job resuming ``run`` has another number of processes than the job
     that wrote it (the plan, the loss weights and the per-rank checkpoints depend on it)."""
@@ -351,8 +371,10 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
     ckpt_path = out / "checkpoint.pt"
     ckpt = load_checkpoint(ckpt_path) if resume else None
     layout = {"world_size": job.world_size, "local_world_size": job.local_world_size}
+    identity = dataset_identity(read_manifest(cfg.dataset))
     if ckpt is not None:
         _check_resume_config(ckpt.get("config", {}), cfg.to_dict())
+        _check_resume_dataset(ckpt.get("dataset_identity"), identity, cfg.dataset, out)
         _check_resume_layout(ckpt.get("job", {"world_size": 1, "local_world_size": 1}), layout, out)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -371,6 +393,10 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
 
     ds = Dataset(cfg.dataset)
     task = make_task(cfg, ds, job, rss, _plan_to_reuse(ckpt, cfg))
+    if cfg.task == "node" and job.is_main and ds.split("valid").shape[0] == 0:
+        log.warning("%s has no validation nodes: val_acc and val_loss read 0, so model.pt keeps the "
+                    "weights of the first evaluation (use --weights last with ooc eval / ooc "
+                    "predict for the latest)", cfg.dataset)
     model = make_model(cfg, ds.feat_dim, task.out_dim, ds.num_nodes)
     task.prepare_model(model)
     model.to(device)
@@ -431,7 +457,8 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
             "scheduler": sched.state_dict() if sched is not None else None,
             "scaler": scaler.state_dict() if scaler is not None else None, "rng": rng_state(),
             "state": dict(st.as_dict(), elapsed_s=st.elapsed_s + time.perf_counter() - t_start),
-            "config": cfg.to_dict(), "job": layout, "states": states, "plan": data.plan_record},
+            "config": cfg.to_dict(), "job": layout, "states": states, "plan": data.plan_record,
+            "dataset_identity": identity},
             ckpt_path)
 
     steps_per_epoch = task.steps_per_epoch

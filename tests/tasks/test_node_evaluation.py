@@ -102,5 +102,10 @@ def test_a_dataset_without_validation_nodes_warns_that_model_selection_keeps_the
                              partition_offsets=contiguous_partitions(600, 8))
     with caplog.at_level("WARNING", logger="ooc"):
         m = train(_cfg(ds, tmp_path / "run", epochs=1))
-    assert "has no validation nodes" in caplog.text and "--weights last" in caplog.text
+    assert caplog.text.count("has no validation nodes") == 1 and "--weights last" in caplog.text
     assert m["val_acc"] == 0.0 and m["test_acc"] > 0.5
+    caplog.clear()  # evaluating the run is not training it: no advice about model.pt
+    from ooc.tools.cli import main
+    with caplog.at_level("WARNING", logger="ooc"):
+        assert main(["eval", str(tmp_path / "run"), "--weights", "last"]) == 0
+    assert "validation" not in caplog.text

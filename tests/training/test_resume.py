@@ -124,6 +124,26 @@ def test_resume_refuses_a_different_training(planted_dataset: Path, tmp_path: Pa
     assert m["epochs_run"] == 2 and m["steps"] == 30
 
 
+def test_resume_refuses_a_dataset_partitioned_since(planted_dataset: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    """``ooc partition`` renumbers the nodes in place: a checkpoint taken before it refers to the old
+    ids, so resuming on the repartitioned dataset is refused, naming both partitionings."""
+    import shutil
+
+    from ooc.partition import partition_dataset
+    ds = tmp_path / "ds"
+    shutil.copytree(planted_dataset, ds)
+    run = tmp_path / "run"
+    train(_cfg(ds, run, epochs=1))
+    assert main(["train", "--resume", str(run), "--epochs", "1", "--no-progress"]) == 0  # unchanged
+    partition_dataset(ds, 4, "metis")
+    assert main(["train", "--resume", str(run), "--epochs", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"the dataset {ds} changed since the checkpoint: it was partitioned again" in err
+    assert "4 metis partitions now" in err
+    assert json.loads((run / "metrics.json").read_text())["epochs_run"] == 1  # the run is kept
+
+
 def test_sigkill_mid_epoch_then_resume_hybrid(planted_dataset: Path, tmp_path: Path) -> None:
     """Hybrid mode (buffer states, full-graph sampling, cache for misses), killed with SIGKILL in the
     middle of epoch 1: --resume continues from the last step checkpoint and ends bit-identical to an
