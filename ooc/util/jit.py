@@ -3,7 +3,10 @@
 ooc's kernels are compiled by Numba the first time they run and cached on disk (``cache=True``;
 ``__pycache__`` next to the kernels, or ``NUMBA_CACHE_DIR``).  A first run therefore spends tens of
 seconds compiling before any output; :func:`first_run_notice` says so beforehand when the cache
-does not hold a command's kernels for the current sources.
+does not hold a command's kernels for the current sources.  The cache holds one version per
+argument types, so a warm kernel can still compile for a dataset of other id or feature types;
+after a silent check :func:`first_run_notice` therefore watches Numba's compile events and says so
+the first time one starts.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import importlib
 import sys
 from typing import Sequence, TextIO
 
-__all__ = ["cold_kernels", "first_run_notice"]
+__all__ = ["cold_kernels", "first_run_notice", "announce_compiles"]
 
 
 def cold_kernels(kernels: Sequence[str]) -> list[str]:
@@ -46,7 +49,41 @@ def first_run_notice(kernels: Sequence[str], seconds: float, file: TextIO | None
         Whether the notice was printed.
     """
     if not cold_kernels(kernels):
+        announce_compiles(file)
         return False
     out = sys.stderr if file is None else file
     print(f"compiling kernels, first run only, ~{seconds:.0f} s", file=out, flush=True)
     return True
+
+
+_announcer: "object | None" = None
+
+
+def announce_compiles(file: TextIO | None = None) -> None:
+    """From now on, print ``compiling kernels for new argument types, first time only`` when Numba
+    starts compiling a kernel in this process (a miss of its on-disk cache), once per process.
+
+    A courtesy like :func:`first_run_notice`: where Numba's event API is missing, nothing happens.
+    """
+    global _announcer
+    if _announcer is not None:
+        return
+    try:
+        from numba.core import event
+    except ImportError:  # pragma: no cover - another Numba
+        return
+
+    class _Once(event.Listener):
+        said = False
+
+        def on_start(self, ev: object) -> None:
+            if not self.said:
+                self.said = True
+                print("compiling kernels for new argument types, first time only",
+                      file=sys.stderr if file is None else file, flush=True)
+
+        def on_end(self, ev: object) -> None:
+            pass
+
+    _announcer = _Once()
+    event.register("numba:compile", _announcer)

@@ -40,6 +40,27 @@ def test_first_run_notice_only_while_the_cache_is_cold(tmp_path: Path) -> None:
     assert r.stderr == "compiling kernels, first run only, ~12 s\n"
 
 
+def test_a_warm_kernel_compiling_for_new_types_is_announced_once(tmp_path: Path) -> None:
+    """The cache holds a version per argument types: a warm kernel called with int32 arrays still
+    compiles, and the user is told when it starts (once per process)."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    warm = ("import numpy as np\nfrom ooc.kernels.graph import count_into\n"
+            "count_into(np.zeros(3, dtype=np.int64), np.zeros(3, dtype=np.int64))\n")
+    assert subprocess.run([sys.executable, "-c", warm], env=env, timeout=300).returncode == 0
+    code = ("from ooc.util.jit import first_run_notice\n"
+            "import numpy as np\nfrom ooc.kernels.graph import count_into\n"
+            "print(first_run_notice(['ooc.kernels.graph:count_into'], 12))\n"
+            "count_into(np.zeros(3, dtype=np.int64), np.zeros(3, dtype=np.int64))\n"
+            "print('int64 done', flush=True)\n"
+            "count_into(np.zeros(3, dtype=np.int64), np.zeros(3, dtype=np.int32))\n"
+            "count_into(np.zeros(3, dtype=np.int64), np.zeros(3, dtype=np.int16))\n")
+    r = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout
+    assert r.stdout == ("False\nint64 done\n"  # the cached version loads silently
+                        "compiling kernels for new argument types, first time only\n")
+
+
 def test_convert_progress_into_a_log_file_is_lines(tmp_path: Path) -> None:
     (tmp_path / "e.txt").write_text("0 1\n1 2\n2 0\n")
     env = {**os.environ, "OOC_PROGRESS_INTERVAL": "0"}
