@@ -39,8 +39,8 @@ from ooc.storage.rawarray import RawArray, RawArrayWriter, write_array, write_gr
 from ooc.storage.verify import read_verification, verifier_for
 
 __all__ = ["Dataset", "DatasetWriter", "DatasetStage", "ArrayGroupWriter", "DatasetError", "sha256_file",
-           "ARRAY_NAMES", "read_manifest", "dataset_identity", "is_dataset", "pending_rewrite", "pending_rewrite_error",
-           "REWRITE_DIR", "REWRITE_JOURNAL"]
+           "ARRAY_NAMES", "read_manifest", "dataset_identity", "is_dataset", "pending_rewrite",
+           "pending_rewrite_error", "REWRITE_DIR", "REWRITE_JOURNAL"]
 
 ARRAY_NAMES = {
     "indptr": "topology/indptr",

@@ -367,8 +367,11 @@ def _print_summary(m: dict) -> None:
               + (f", {sum(ev) / len(ev):.2f} s mean" if ev else ""))
     machine = max((h.get("machine_data_peak_bytes", 0) for h in hist), default=0)
     ranks = (m.get("distributed") or {}).get("world_size", 1)
-    print(f"memory        buffer {_human(m['buffer_bytes'])} of {_human(m['dataset_feature_bytes'])} "
-          f"features; peak RSS {_human(m['peak_rss_bytes'])}" + (" (rank 0)" if ranks > 1 else "")
+    whole = m["buffer_bytes"] >= m["dataset_feature_bytes"]  # slots are sized by the largest partition
+    print(f"memory        buffer {_human(m['buffer_bytes'])} "
+          + (f"(every partition of the {_human(m['dataset_feature_bytes'])} of features resident)"
+             if whole else f"of {_human(m['dataset_feature_bytes'])} features")
+          + f"; peak RSS {_human(m['peak_rss_bytes'])}" + (" (rank 0)" if ranks > 1 else "")
           + f"; machine data peak {_human(machine)} over the runtime"
           + (" (held to the budget + up to 64 MiB per process of runtime growth)"
              if m["budget"].get("budget") else ""))
@@ -422,7 +425,8 @@ def _print_summary(m: dict) -> None:
               f"{tried - refused} split{'' if tried - refused == 1 else 's'}"
               + (f"; {refused} did not fit" if refused else "")
               + f"); predicted training read {_human(split['predicted_bytes'])} per epoch in "
-              f"{split['predicted_requests']:,} requests{real}")
+              f"{split['predicted_requests']:,} request{'' if split['predicted_requests'] == 1 else 's'}"
+              f"{real}")
     if m.get("miss_features") == "pq":
         print(f"pq            {approx:,} outer-hop rows decoded from PQ codes instead of "
               f"read ({_human(b.get('compressed', 0))} of codes in the budget)")

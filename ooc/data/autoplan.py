@@ -193,8 +193,9 @@ class SplitChoice:
             parts.append(f"read-ahead {p.read_ahead} batches {format_bytes(p.read_ahead_bytes)}")
         how = "the interrupted run's choice, not probed again" if self.reused else \
             f"{len(self.candidates)} splits compared, probe {self.probe_s:.1f} s"
+        n = int(self.predicted.requests)
         return (", ".join(parts) + f"; predicted read per epoch {format_bytes(int(self.predicted.bytes))}"
-                f" in {int(self.predicted.requests):,} requests ({how})")
+                f" in {n:,} request{'' if n == 1 else 's'} ({how})")
 
     def record(self) -> dict:
         """The choice as plain values and a tensor (a checkpoint's ``weights_only`` content): what

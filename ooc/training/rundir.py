@@ -113,6 +113,11 @@ class RunGuard:
                     for d in ("inference",):
                         if (out / d).is_dir():
                             shutil.rmtree(out / d)
+                    world = 1 if self.dist is None else self.dist.world_size
+                    for d in out.glob("rank*"):  # an earlier job's ranks that this job does not have
+                        r = d.name[4:]
+                        if d.is_dir() and r.isdigit() and int(r) >= world and holds_run(d):
+                            shutil.rmtree(d)
             dataset = getattr(self.cfg, "dataset", "")
             if dataset:
                 mode = getattr(self.cfg, "verify", "checksums")

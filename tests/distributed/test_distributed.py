@@ -293,7 +293,8 @@ def test_torchrun_rank_exits_zero_whatever_its_teardown(tmp_path: Path) -> None:
 
 def test_overwrite_reaches_the_ranks(tmp_path: Path) -> None:
     """``--overwrite`` is not a configuration field; under ``--devices 2`` it still reaches rank 0,
-    which replaces the earlier run; without it the earlier run is refused and left as it was."""
+    which replaces the earlier run; without it the earlier run is refused and left as it was.  A
+    one-process run over it removes the earlier job's rank folder too."""
     n = 400
     ds = _ring_dataset(tmp_path / "ring", n, np.arange(20, n), np.arange(10), np.arange(10, 20))
     out = tmp_path / "run"
@@ -311,6 +312,9 @@ def test_overwrite_reaches_the_ranks(tmp_path: Path) -> None:
     assert rc == 0, err[-3000:]
     assert (out / "metrics.json").read_bytes() != first + b" "
     assert (out / "rank1" / "model.pt").exists()
+    rc, _, err = _finish(_cli(args[:-2] + ["--overwrite"], JOB_TIMEOUT), JOB_TIMEOUT)  # one process
+    assert rc == 0, err[-3000:]
+    assert not (out / "rank1").exists()  # the earlier job's rank 1 went with its run
 
 
 def test_killed_rank_ends_the_job(tmp_path: Path) -> None:
