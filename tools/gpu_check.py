@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: error: the {ndev}-rank DDP job failed (status {rc})", file=sys.stderr)
         return 1
     mddp = json.loads((run / "metrics.json").read_text())
-    rows.append(_row(f"DDP {mddp['distributed']['backend']} x {ndev}, degree cache", mddp))
+    rows.append(_row(f"DDP {mddp['distributed']['backend']} x {ndev}, degree cache, 1 epoch", mddp))
     info["ddp_wall_s"] = time.perf_counter() - t
     ref = train(_cfg(ds, work / "ddp-reference", devices[0], batch_size=args.batch_size * ndev,
                      epochs=1, device_cache=str(cache_bytes)))
@@ -166,10 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     info["ddp_vs_single_max_abs_diff"] = diff
     info["ddp_steps_per_rank"] = mddp["distributed"]["steps_per_rank"]
     info["runs"] = rows
-    print(f"\n{'run':<34} {'seeds/s':>10} {'epoch s':>8} {'cache hit':>9} {'stall':>6} {'val acc':>8}")
+    print(f"\n{'run':<36} {'seeds/s':>10} {'epoch s':>8} {'cache hit':>9} {'stall':>6} {'val acc':>8}")
     for r in rows:
         hit = "-" if r["device_cache_hit_ratio"] is None else f"{r['device_cache_hit_ratio']:.3f}"
-        print(f"{r['run']:<34} {r['seeds_per_s']:>10.0f} {r['epoch_time_s']:>8.2f} {hit:>9} "
+        print(f"{r['run']:<36} {r['seeds_per_s']:>10.0f} {r['epoch_time_s']:>8.2f} {hit:>9} "
               f"{r['stall_share']:>6.2f} {r['val_acc']:>8.4f}")
     print(f"\nDDP x {ndev} vs 1 process with batch {args.batch_size * ndev}: max |weight diff| "
           f"{diff:.2e}; steps per rank {info['ddp_steps_per_rank']}")
