@@ -177,14 +177,16 @@ _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Timed ou
 
 
 def _entry(fn: Callable[..., Any], args: tuple, env: dict[str, str]) -> None:
-    """Body of a spawned rank: apply its environment, run ``fn(*args)``, exit 0 or 1."""
+    """Body of a spawned rank: apply its environment, run ``fn(*args)``, exit 0, 2 (a bad option,
+    input or state: its one-line message printed) or 1 (anything else, with its traceback)."""
     _set_pdeathsig()
     os.environ.update(env)
     rank = env.get("RANK", "?")
     try:
         fn(*args)
     except BaseException as e:  # noqa: BLE001 -- reported, then the process ends non-zero
-        if not _is_user_error(e):  # a bug: the traceback helps; a bad option or input: the message
+        user = _is_user_error(e)
+        if not user:  # a bug: the traceback helps; a bad option or input: the message
             traceback.print_exc()
         msg = f"{type(e).__name__}: {e}"
         if any(t in str(e) for t in _PEER_LOST):
@@ -192,7 +194,7 @@ def _entry(fn: Callable[..., Any], args: tuple, env: dict[str, str]) -> None:
         print(f"ooc: rank {rank} failed: {msg}", file=sys.stderr, flush=True)
         sys.stderr.flush()
         sys.stdout.flush()
-        os._exit(1)  # do not wait for threads blocked in I/O or collectives
+        os._exit(2 if user else 1)  # do not wait for threads blocked in I/O or collectives
     _exit_success()
 
 
@@ -245,7 +247,8 @@ def launch(fn: Callable[..., Any], args: tuple, spec: LaunchSpec, grace_s: float
         timeout_s: stop everything and fail after this many seconds (None: no limit; for tests).
 
     Returns:
-        0 if every local rank succeeded, 1 if one failed, 124 on ``timeout_s``.
+        0 if every local rank succeeded; 2 if the first rank to fail failed on a bad option, input
+        or state (as ``ooc`` exits on one), 1 if it failed otherwise; 124 on ``timeout_s``.
 
     Raises:
         ValueError: an invalid spec.
@@ -307,7 +310,7 @@ def launch(fn: Callable[..., Any], args: tuple, spec: LaunchSpec, grace_s: float
             if p.is_alive():
                 p.kill()
                 p.join()
-        return 124 if failed[0] == -2 else 1
+        return 124 if failed[0] == -2 else 2 if failed[1] == 2 else 1
     return 0
 
 

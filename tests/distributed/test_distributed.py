@@ -306,7 +306,7 @@ def test_overwrite_reaches_the_ranks(tmp_path: Path) -> None:
     first = (out / "metrics.json").read_bytes()
     (out / "metrics.json").write_bytes(first + b" ")  # marks the earlier run's file
     rc, _, err = _finish(_cli(args, JOB_TIMEOUT), JOB_TIMEOUT)
-    assert rc != 0 and "holds another run" in err and "pass --overwrite" in err
+    assert rc == 2 and "holds another run" in err and "pass --overwrite" in err  # bad input: 2
     assert (out / "metrics.json").read_bytes() == first + b" "
     rc, _, err = _finish(_cli(args + ["--overwrite"], JOB_TIMEOUT), JOB_TIMEOUT)
     assert rc == 0, err[-3000:]
