@@ -301,7 +301,7 @@ def _check_resume_dataset(saved: dict | None, now: dict, dataset: str, run: Path
                 f"now; {saved.get('num_nodes')} -> {now.get('num_nodes')} nodes)")
     raise ValueError(f"--resume {run}: the dataset {dataset} changed since the checkpoint: {what}; "
                      "the checkpoint's model and plan refer to the old node ids. Start a new run "
-                     "(another --output-dir, or --overwrite)")
+                     "instead of resuming (without --resume: another --output-dir, or --overwrite)")
 
 
 def _check_resume_layout(saved: dict, now: dict, run: Path) -> None:

@@ -102,17 +102,18 @@ class RunGuard:
                 remove_dead_leftovers(out)
                 found = holds_run(out)
                 first_rank = self.dist is None or getattr(self.dist, "rank", 0) == 0
-                if found and not self.resume and first_rank:
-                    if not ctl.get("overwrite"):
-                        raise FileExistsError(
-                            f"{out}: holds another run ({', '.join(found)}); pass --overwrite to "
-                            f"replace it, --resume {out} to continue it, or choose another "
-                            "--output-dir")
+                if found and not self.resume and first_rank and not ctl.get("overwrite"):
+                    raise FileExistsError(
+                        f"{out}: holds another run ({', '.join(found)}); pass --overwrite to "
+                        f"replace it, --resume {out} to continue it, or choose another "
+                        "--output-dir")
+                if found and not self.resume and ctl.get("overwrite"):  # every rank clears its own
                     for f in found:
                         (out / f).unlink()
                     for d in ("inference",):
                         if (out / d).is_dir():
                             shutil.rmtree(out / d)
+                if first_rank and not self.resume and ctl.get("overwrite"):
                     world = 1 if self.dist is None else self.dist.world_size
                     for d in out.glob("rank*"):  # an earlier job's ranks that this job does not have
                         r = d.name[4:]

@@ -312,6 +312,7 @@ def test_overwrite_reaches_the_ranks(tmp_path: Path) -> None:
     assert rc == 0, err[-3000:]
     assert (out / "metrics.json").read_bytes() != first + b" "
     assert (out / "rank1" / "model.pt").exists()
+    assert not (out / "rank1" / "checkpoint.prev.pt").exists()  # rank 1 cleared the earlier run too
     rc, _, err = _finish(_cli(args[:-2] + ["--overwrite"], JOB_TIMEOUT), JOB_TIMEOUT)  # one process
     assert rc == 0, err[-3000:]
     assert not (out / "rank1").exists()  # the earlier job's rank 1 went with its run
