@@ -196,7 +196,7 @@ class TrainConfig:
                              "windows themselves)")
     cache_size: str = _opt("", "data", "feature cache size without a budget, e.g. 256MB", size=True)
     direct_io: bool = _opt(False, "data", "read features with O_DIRECT (bypass the page cache)")
-    io_depth: int = _opt(32, "data", "disk requests in flight for a batch's missing rows (Linux "
+    io_depth: int = _opt(128, "data", "disk requests in flight for a batch's missing rows (Linux "
                          "native AIO with --direct-io; else min(io_depth, 8) pread threads); partition "
                          "loads keep min(io_depth, 4) 1 MiB requests in flight")
     io_gap: int = _opt(16384, "data", "bytes of unneeded data a miss read may span to merge two rows "

@@ -365,14 +365,16 @@ def _print_summary(m: dict) -> None:
         print("evaluation    " + ("layer-wise, each node the validation and test nodes need once"
                                   if m["eval_mode"] == "layerwise" else "sampled batches of seeds")
               + (f", {sum(ev) / len(ev):.2f} s mean" if ev else ""))
-    machine = max((h.get("machine_data_peak_bytes", 0) for h in hist), default=0)
+    top = max(hist, key=lambda h: h.get("machine_data_peak_bytes", 0))
+    machine = top.get("machine_data_peak_bytes", 0)
+    where = f", {top['peak_private_phase']} of epoch {top['epoch']}" if top.get("peak_private_phase") else ""
     ranks = (m.get("distributed") or {}).get("world_size", 1)
     whole = m["buffer_bytes"] >= m["dataset_feature_bytes"]  # slots are sized by the largest partition
     print(f"memory        buffer {_human(m['buffer_bytes'])} "
           + (f"(every partition of the {_human(m['dataset_feature_bytes'])} of features resident)"
              if whole else f"of {_human(m['dataset_feature_bytes'])} features")
           + f"; peak RSS {_human(m['peak_rss_bytes'])}" + (" (rank 0)" if ranks > 1 else "")
-          + f"; machine data peak {_human(machine)} over the runtime"
+          + f"; machine data peak {_human(machine)} over the runtime{where}"
           + (" (held to the budget + up to 64 MiB per process of runtime growth)"
              if m["budget"].get("budget") else ""))
     b = m["budget"]

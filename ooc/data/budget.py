@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -57,16 +58,27 @@ class RssMonitor:
     a shared buffer once each.  :meth:`start_sampling` runs a thread that reads the private part
     (``RssAnon + RssFile``) every ``interval_s`` and keeps its peak (:meth:`peak_private`): a machine's
     peak is then the sum of its ranks' private peaks plus the shared segments once (sampled: a spike
-    shorter than the interval can be missed).
+    shorter than the interval can be missed).  The caller names what the process is doing in
+    :attr:`phase` (``"start-up"``, ``"training"``, ``"evaluation"``); :meth:`peak_private_where`
+    says in which phase, and how many seconds after the last reset, the sampled peak was reached.
     """
 
     def __init__(self) -> None:
         self._proc = psutil.Process()
         release_free_memory()
         self.baseline = self.current()
+        self.phase = "start-up"
         self._private_peak = _private_rss()
+        self._peak_phase = self.phase
+        self._reset_t = self._peak_t = time.monotonic()
         self._stop: threading.Event | None = None
         self.reset_peak()
+
+    def _note(self, v: int) -> None:
+        if v > self._private_peak:
+            self._private_peak = v
+            self._peak_phase = self.phase
+            self._peak_t = time.monotonic()
 
     def start_sampling(self, interval_s: float = 0.02) -> None:
         """Sample the private RSS every ``interval_s`` on a daemon thread (idempotent)."""
@@ -76,9 +88,7 @@ class RssMonitor:
 
         def loop(stop: threading.Event) -> None:
             while not stop.wait(interval_s):
-                v = _private_rss()
-                if v > self._private_peak:
-                    self._private_peak = v
+                self._note(_private_rss())
 
         threading.Thread(target=loop, args=(self._stop,), name="ooc-rss", daemon=True).start()
 
@@ -89,8 +99,13 @@ class RssMonitor:
 
     def peak_private(self) -> int:
         """Peak private RSS (anonymous + file pages) since the last reset (sampled)."""
-        self._private_peak = max(self._private_peak, _private_rss())
+        self._note(_private_rss())
         return self._private_peak
+
+    def peak_private_where(self) -> tuple[str, float]:
+        """``(phase, seconds)``: the :attr:`phase` in which :meth:`peak_private` was reached and
+        how long after the last reset (or the monitor's creation)."""
+        return self._peak_phase, self._peak_t - self._reset_t
 
     def current(self) -> int:
         """Resident set size now."""
@@ -104,6 +119,8 @@ class RssMonitor:
     def reset_peak(self) -> bool:
         """Reset the peaks to the current RSS; False where the kernel does not allow it."""
         self._private_peak = _private_rss()
+        self._peak_phase = self.phase
+        self._reset_t = self._peak_t = time.monotonic()
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
@@ -360,8 +377,9 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
     topo += int(hot_topology)
     nodes = 4 * n + 8 * sum(ds.split(s).shape[0] for s in ("train", "valid", "test"))
     # sampler workspaces of the loader and evaluation threads (N-sized for small graphs); the
-    # miss reads' request staging (at most (io_depth + 8) x MISS_RUN_BYTES, 5 MiB by default) is
-    # a fixed cost, part of the stated runtime overhead
+    # miss reads' request staging (AIO: at most AIO_STAGING_BYTES = 8 MiB per reader; pread
+    # threads, where AIO is missing: 8 x MISS_RUN_BYTES) is a fixed cost, part of the stated
+    # runtime overhead
     scratch = 2 * workspace_bytes(n)
     if topology == "disk" and extents is not None:  # a batch's lists while it is sampled
         scratch += int(extents.list_bytes)

@@ -570,6 +570,7 @@ class DataPath:
         self.loader.stall_s = 0.0
         d["peak_rss_bytes"] = self.rss.peak()
         d["peak_private_bytes"] = self.rss.peak_private()
+        d["peak_private_phase"], d["peak_private_at_s"] = self.rss.peak_private_where()
         d["shared_bytes"] = self.shared_bytes if self.job.local_rank == 0 else 0
         release_free_memory()
         self.rss.reset_peak()

@@ -470,6 +470,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
             if st.stopped_early:
                 break
             t0 = time.perf_counter()
+            rss.phase = "training"
             net.train()
             plan = task.plan(epoch)
             if st.step == 0:
@@ -539,7 +540,9 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
                          "train_bytes_read": data.bytes_read_so_far(), **cstats}
             if (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1:
                 te = time.perf_counter()
+                rss.phase = "evaluation"
                 scores = task.evaluate(model, device)
+                rss.phase = "epoch end"
                 rec.update(scores)
                 rec["eval_time_s"] = time.perf_counter() - te
                 val = scores[task.select]

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ooc.storage.io import ALIGN, DiskRows, aligned_empty, plan_runs
+from ooc.storage.io import AIO_STAGING_BYTES, ALIGN, MISS_RUN_BYTES, DiskRows, aligned_empty, plan_runs
 from ooc.storage.rawarray import RawArray, write_array
 
 
@@ -166,6 +166,24 @@ def test_native_aio_and_pread_threads_read_the_same(tmp_path: Path) -> None:
     assert aio.counters.requests == thr.counters.requests
     aio.close()
     thr.close()
+
+
+def test_aio_staging_stays_bounded_as_requests_in_flight_grow(tmp_path: Path) -> None:
+    """More requests in flight make each AIO slot (and request) smaller, never the staging larger
+    than AIO_STAGING_BYTES, and at least 4 pages; the rows read are the same at every depth."""
+    x, ra = _store(tmp_path)
+    ids = np.random.default_rng(7).integers(0, 20000, 5000)
+    runs = {}
+    for depth in (32, 128, 1024):
+        rows = DiskRows(ra, direct=True, gap=16384, aio_depth=depth)
+        if not rows.aio:
+            pytest.skip("no O_DIRECT or native AIO here")
+        runs[depth] = rows.max_run
+        assert rows._aio.staging.nbytes == depth * rows.max_run
+        assert np.array_equal(rows.gather(ids)[0], x[ids])
+        rows.close()
+    assert runs == {32: MISS_RUN_BYTES, 128: AIO_STAGING_BYTES // 128, 1024: 4 * ALIGN}
+    assert 128 * runs[128] <= AIO_STAGING_BYTES
 
 
 def test_truncated_chunk_is_an_error_with_native_aio(tmp_path: Path) -> None:

@@ -83,6 +83,8 @@ def test_every_mode_and_task_under_a_budget(planted_dataset: Path, tmp_path: Pat
     assert m["budget"]["slots"] < 8 if mode != "exact" else m["budget"]["slots"] == 0
     h = m["history"][0]
     assert h["machine_data_peak_bytes"] <= budget + OVERHEAD, (h["machine_data_peak_bytes"], m["budget"])
+    assert h["peak_private_phase"] in ("start-up", "training", "evaluation", "epoch end")
+    assert 0.0 <= h["peak_private_at_s"] <= h["epoch_time_s"] + 60.0
     ((steps, seen),) = _seen_once(_cfg(planted_dataset, tmp_path / "p", **kw))
     assert steps == m["steps"]
     if task == "node":
