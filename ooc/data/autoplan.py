@@ -31,7 +31,8 @@ last is one request of at least one page, except the lists of the hot set (``--h
 (:class:`ooc.data.lookahead.ReadAhead`) the misses are read once per window instead: W batches'
 misses (at most every node), a page each with O_DIRECT, at most the whole feature file, in requests of
 ``MISS_RUN_BYTES``.  Seconds = bytes / :data:`DISK_BYTES_PER_S` + requests x
-:data:`REQUEST_S` (O_DIRECT with 32 requests in flight on this project's development VM).  Buffer
+:data:`REQUEST_S` (O_DIRECT with 32 requests in flight on this project's development VM; with
+the default 128 a request costs about half that there, which the constant does not follow).  Buffer
 mode samples inside the resident partitions: it reads only its partition loads (their in-edges too
 with the topology on disk).  Splits within :data:`TIE` (10%) of each other are ranked by partition
 slots (more first), then by the order tried (memory before disk, no PQ before PQ, no cache first).
