@@ -35,6 +35,9 @@ SECTIONS = ("data", "sampler", "model", "task", "train", "eval", "run")
 
 #: ``--mode``: see :mod:`ooc.data.path`
 MODES = ("exact", "buffer", "hybrid")
+#: Most disk requests in flight (``--io-depth``): up to this many a reader's AIO staging stays within
+#: ``ooc.storage.io.AIO_STAGING_BYTES`` (8 MiB) at its smallest slot (16 KiB).
+MAX_IO_DEPTH = 512
 
 
 class ConfigError(ValueError):
@@ -197,7 +200,7 @@ class TrainConfig:
     cache_size: str = _opt("", "data", "feature cache size without a budget, e.g. 256MB", size=True)
     direct_io: bool = _opt(False, "data", "read features with O_DIRECT (bypass the page cache)")
     io_depth: int = _opt(128, "data", "disk requests in flight for a batch's missing rows (Linux "
-                         "native AIO with --direct-io; else min(io_depth, 8) pread threads); partition "
+                         "native AIO with --direct-io, at most 512; else min(io_depth, 8) pread threads); partition "
                          "loads keep min(io_depth, 4) 1 MiB requests in flight")
     io_gap: int = _opt(16384, "data", "bytes of unneeded data a miss read may span to merge two rows "
                        "into one request (O_DIRECT; 0 = only rows on the same or adjacent pages)")
@@ -444,8 +447,9 @@ class TrainConfig:
                      "num_clusters", "clusters_per_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.io_depth < 1:
-            raise ValueError(f"io_depth must be >= 1 (requests in flight), got {self.io_depth}")
+        if not 1 <= self.io_depth <= MAX_IO_DEPTH:
+            raise ValueError(f"io_depth must be between 1 and {MAX_IO_DEPTH} (requests in flight; each "
+                             f"holds a staging slot of at least 16 KiB), got {self.io_depth}")
         for name in ("patience", "checkpoint_every", "threads", "neg_ratio", "lr_step", "walk_length",
                      "io_gap"):
             if getattr(self, name) < 0:

@@ -184,6 +184,8 @@ def test_aio_staging_stays_bounded_as_requests_in_flight_grow(tmp_path: Path) ->
         rows.close()
     assert runs == {32: MISS_RUN_BYTES, 128: AIO_STAGING_BYTES // 128, 1024: 4 * ALIGN}
     assert 128 * runs[128] <= AIO_STAGING_BYTES
+    from ooc.config import MAX_IO_DEPTH
+    assert MAX_IO_DEPTH * 4 * ALIGN == AIO_STAGING_BYTES  # the most --io-depth allows stays bounded
 
 
 def test_truncated_chunk_is_an_error_with_native_aio(tmp_path: Path) -> None:

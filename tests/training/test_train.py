@@ -220,11 +220,12 @@ def test_a_bad_size_in_a_config_names_its_option(planted_dataset: Path, tmp_path
 
 
 def test_bad_options_and_setup_errors_leave_no_run_folder(planted_dataset: Path, tmp_path: Path) -> None:
-    """``--io-depth`` < 1 and a negative ``--io-gap`` are refused; a missing dataset and a memory
+    """``--io-depth`` outside [1, 512] and a negative ``--io-gap`` are refused; a missing dataset and a memory
     budget too small for the run fail before training and leave no output folder behind."""
     from ooc.storage.dataset import DatasetError
-    with pytest.raises(ValueError, match="io_depth must be >= 1"):
-        _cfg(planted_dataset, tmp_path / "a", io_depth=0).validate()
+    for depth in (0, 513):
+        with pytest.raises(ValueError, match="io_depth must be between 1 and 512"):
+            _cfg(planted_dataset, tmp_path / "a", io_depth=depth).validate()
     with pytest.raises(ValueError, match="io_gap must be >= 0"):
         _cfg(planted_dataset, tmp_path / "a", io_gap=-5).validate()
     with pytest.raises(DatasetError):
