@@ -18,7 +18,8 @@ from ooc.training.loop import Interrupted, train
 
 TIMING = ("time", "_s", "per_s", "io_wait", "load_s", "bytes_read", "partition_loads", "row_hits",
           "row_misses", "buffer_hit_ratio", "bandwidth", "rss", "swaps", "cache_", "bytes",
-          "topology_", "read_ahead_")  # I/O counters of the run (a resumed one counts from its start)
+          "topology_", "read_ahead_", "peak_")
+# (I/O and memory counters of the run: a resumed one counts from its start)
 
 
 def _cfg(ds: Path, out: Path, **kw: object) -> TrainConfig:
