@@ -200,8 +200,8 @@ class TrainConfig:
     cache_size: str = _opt("", "data", "feature cache size without a budget, e.g. 256MB", size=True)
     direct_io: bool = _opt(False, "data", "read features with O_DIRECT (bypass the page cache)")
     io_depth: int = _opt(128, "data", "disk requests in flight for a batch's missing rows (Linux "
-                         "native AIO with --direct-io, at most 512; else min(io_depth, 8) pread threads); partition "
-                         "loads keep min(io_depth, 4) 1 MiB requests in flight")
+                         "native AIO with --direct-io, at most 512; else min(io_depth, 8) pread "
+                         "threads); partition loads keep min(io_depth, 4) 1 MiB requests in flight")
     io_gap: int = _opt(16384, "data", "bytes of unneeded data a miss read may span to merge two rows "
                        "into one request (O_DIRECT; 0 = only rows on the same or adjacent pages)")
     shared_buffer: bool = _opt(True, "data", "data-parallel runs: local ranks share one partition "

@@ -32,8 +32,8 @@ from numba import njit, types
 
 from ooc.storage.rawarray import RawArray
 
-__all__ = ["ALIGN", "MISS_RUN_BYTES", "AIO_STAGING_BYTES", "AIO_DEPTH", "aligned_empty", "plan_runs", "DiskRows", "RangeRead",
-           "NeighborReader", "HotLists", "IOCounters"]
+__all__ = ["ALIGN", "MISS_RUN_BYTES", "AIO_STAGING_BYTES", "AIO_DEPTH", "aligned_empty", "plan_runs",
+           "DiskRows", "RangeRead", "NeighborReader", "HotLists", "IOCounters"]
 
 ALIGN = 4096
 #: largest miss-read request (bytes): the size of each AIO slot's / pread thread's staging buffer
@@ -447,7 +447,8 @@ class DiskRows:
         self.align = ALIGN if self.direct else 1
         self.gap = (16 << 10 if self.direct else 0) if gap is None else max(0, int(gap))
         if self.direct and aio_depth > 0:  # the AIO slots' staging stays within AIO_STAGING_BYTES
-            max_run = min(int(max_run), max(4 * ALIGN, AIO_STAGING_BYTES // aio_depth // ALIGN * ALIGN))
+            slot = AIO_STAGING_BYTES // aio_depth // ALIGN * ALIGN
+            max_run = min(int(max_run), max(4 * ALIGN, slot))
         self.max_run = max(int(max_run), -(-(self.row_bytes + self.align - 1) // self.align)
                            * self.align)
         self.counters = IOCounters()
@@ -1015,8 +1016,8 @@ class NeighborReader:
     """
 
     def __init__(self, indices: RawArray, indptr: np.ndarray, buffer_ids: int | None = None,
-                 direct: bool = False, align: int = ALIGN, threads: int = 8, aio_depth: int = AIO_DEPTH,
-                 gap: int | None = None, hot: HotLists | None = None,
+                 direct: bool = False, align: int = ALIGN, threads: int = 8,
+                 aio_depth: int = AIO_DEPTH, gap: int | None = None, hot: HotLists | None = None,
                  chunk_edges: int = 1 << 17) -> None:
         self.indices = indices
         self.indptr = np.ascontiguousarray(indptr, dtype=np.int64)
