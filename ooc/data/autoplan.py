@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ooc.data.budget import BudgetPlan, _batch_extent
-from ooc.data.plan import plan_exact, plan_states
+from ooc.data.plan import plan_classes, plan_exact, plan_states
 from ooc.kernels.disk_sampling import sample_blocks_lists
 from ooc.kernels.rng import batch_key
 from ooc.kernels.sampling import SampledSubgraph
@@ -356,7 +356,8 @@ def _probe_states(cfg: "TrainConfig", ds: Dataset, probe: ListProbe, offsets: np
     else:
         plan = plan_states(ids, part_of, num_parts, state_slots, cfg.batch_size, cfg.seed, 0,
                            cfg.ordering, group, None,
-                           mix=cfg.hybrid_mix if cfg.mode == "hybrid" else 0.0)
+                           mix=cfg.hybrid_mix if cfg.mode == "hybrid" else 0.0,
+                           classes=plan_classes(ds.labels if ds.has("labels") else None, ids))
         states, batch_state = plan.states, plan.batch_state
     loads = sum(len(set(s) - set(states[i - 1] if i else [])) for i, s in enumerate(states))
     if cfg.mode == "buffer":  # no misses and no list reads: only the loads matter

@@ -48,7 +48,8 @@ from ooc.data.buffer import BufferManager, make_buffer
 from ooc.data.loader import BuildFn, Loader
 from ooc.data.lookahead import Lookahead, ReadAhead, SampleAhead
 from ooc.data.ordering import node_swap_lower_bound
-from ooc.data.plan import plan_bucket_states, plan_cluster_states, plan_exact, plan_own, plan_states
+from ooc.data.plan import (plan_bucket_states, plan_classes, plan_cluster_states, plan_exact, plan_own,
+                           plan_states)
 from ooc.data.resident import ResidentGraph
 from ooc.data.shared import shared_array
 from ooc.embedding import embedding_bytes
@@ -188,7 +189,9 @@ class DataPath:
             else:
                 p = plan_states(ids, self.part_of(ids), b.num_parts, b.state_slots, batch_size,
                                 c.seed, e, c.ordering, b.group, start,
-                                mix=c.hybrid_mix if c.mode == "hybrid" else 0.0)
+                                mix=c.hybrid_mix if c.mode == "hybrid" else 0.0,
+                                classes=plan_classes(self.labels if self.ds.has("labels") else None,
+                                                     ids))
             self._plans[(key0, e)] = p
             self._plans.pop((key0, e - 2), None)
         return self._plans[(key0, epoch)]

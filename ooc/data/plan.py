@@ -29,7 +29,8 @@ from ooc.contracts import Plan
 from ooc.data.ordering import assign_buckets, beta_states, node_states
 
 __all__ = ["plan_exact", "plan_own", "plan_states", "plan_cluster_states", "plan_bucket_states",
-           "upcoming_of", "shard_plan", "FREE_LANES"]
+           "upcoming_of", "shard_plan", "deal_stratified", "plan_classes", "FREE_LANES",
+           "STRATIFY_CANDIDATES", "PACE_WEIGHT"]
 
 #: Lanes of a hybrid plan's free seeds (``mix``): every batch takes its free seeds from each, so
 #: they come from up to this many partitions (one or two per lane, for coalesced reads).
@@ -77,7 +78,8 @@ def plan_own(batches: list[np.ndarray]) -> Plan:
 
 def plan_states(train_ids: np.ndarray, part_of: np.ndarray, num_parts: int, state_slots: int,
                 batch_size: int, seed: int, epoch: int, ordering: str, group: int,
-                start: list[int] | None = None, mix: float = 0.0) -> Plan:
+                start: list[int] | None = None, mix: float = 0.0,
+                classes: np.ndarray | None = None) -> Plan:
     """Buffer-state plan for ``buffer`` and ``hybrid`` mode.
 
     States come from the ordering policy (beginning from ``start``, the partitions resident when
@@ -103,6 +105,13 @@ def plan_states(train_ids: np.ndarray, part_of: np.ndarray, num_parts: int, stat
             partition order), cut into :data:`FREE_LANES` lanes and dealt round-robin, so each
             batch's come from every lane -- up to that many partitions, one or two per lane -- and
             their misses coalesce within each.
+        classes: int64 [T] the class of each training node (single-label node classification;
+            negative: unlabelled) or None.  Given with ``mix``, the free seeds are dealt by
+            :func:`deal_stratified` instead of the lanes: each batch takes them, still from about
+            :data:`FREE_LANES` partitions, from the partitions whose free seeds best fill its
+            classes' shortfall against the training set's class mix (stratified batches: where
+            partitions follow classes, a state's seeds are a few classes, and a model trained on
+            such runs of batches ends each epoch fitted to the last ones).
 
     Returns:
         The plan; ``batch_state[i]`` is the state batch ``i`` trains in.
@@ -194,7 +203,9 @@ def plan_states(train_ids: np.ndarray, part_of: np.ndarray, num_parts: int, stat
         batch_state.extend([k] * len(cs))
     if not cuts:  # every seed free (tiny training sets)
         cuts, batch_state = [np.empty(0, dtype=np.int64)], [0]
-    if fr.size:  # free seeds fill every batch up to batch_size (quotas by room, largest remainder)
+    if fr.size and classes is not None:
+        cuts = deal_stratified(cuts, fr, part_of, np.asarray(classes), batch_size, rng)
+    elif fr.size:  # free seeds fill every batch up to batch_size (quotas by room, largest remainder)
         # partition by partition in a random order (random within a partition), cut into
         # FREE_LANES lanes dealt round-robin: a batch's free seeds come from every lane (up to
         # FREE_LANES partitions far apart in that order, so its label mix approaches the graph's
@@ -207,20 +218,131 @@ def plan_states(train_ids: np.ndarray, part_of: np.ndarray, num_parts: int, stat
         for lane, idx in enumerate(np.array_split(np.arange(fr.shape[0]), lanes)):
             key[idx] = np.arange(idx.shape[0], dtype=np.int64) * lanes + lane
         fr = fr[np.argsort(key, kind="stable")]
-        room = np.array([max(batch_size - c.shape[0], 0) for c in cuts], dtype=np.float64)
-        if room.sum() <= 0:  # every batch full (a tiny mix): spread over all, a seed or so over
-            room[:] = 1.0
-        want = room * (fr.shape[0] / room.sum())
-        quota = np.floor(want).astype(np.int64)
-        rest = fr.shape[0] - int(quota.sum())
-        if rest:
-            quota[np.argsort(quota - want, kind="stable")[:rest]] += 1
+        quota = _free_quotas(cuts, fr.shape[0], batch_size)
         pos = np.concatenate([[0], np.cumsum(quota)])
         for i in range(len(cuts)):
             c = np.concatenate([cuts[i], fr[pos[i]:pos[i + 1]]])
             cuts[i] = c[rng.permutation(c.shape[0])]
     batches = [train_ids[c] for c in cuts]
     return Plan(batches, batch_state, states, upcoming_of(states))
+
+
+def plan_classes(labels: np.ndarray | None, ids: np.ndarray) -> np.ndarray | None:
+    """The classes :func:`plan_states` stratifies a hybrid plan's free seeds by: int64 [len(ids)]
+    labels of ``ids`` where ``labels`` is one integer class per node ([N]); None for multi-label
+    ([N, C]) or float targets, or no labels."""
+    if labels is None or np.ndim(labels) != 1 \
+            or not np.issubdtype(np.asarray(labels[:0]).dtype, np.integer):
+        return None
+    return np.asarray(labels[ids]).astype(np.int64)
+
+
+def _free_quotas(cuts: list[np.ndarray], num_free: int, batch_size: int) -> np.ndarray:
+    """int64 [len(cuts)]: free seeds per batch, in proportion to the room each has up to
+    ``batch_size`` (largest remainder; all batches alike where none has room)."""
+    room = np.array([max(batch_size - c.shape[0], 0) for c in cuts], dtype=np.float64)
+    if room.sum() <= 0:  # every batch full (a tiny mix): spread over all, a seed or so over
+        room[:] = 1.0
+    want = room * (num_free / room.sum())
+    quota = np.floor(want).astype(np.int64)
+    rest = num_free - int(quota.sum())
+    if rest:
+        quota[np.argsort(quota - want, kind="stable")[:rest]] += 1
+    return quota
+
+
+#: Partitions scored for each pick of :func:`deal_stratified` (a random sample of those with free
+#: seeds left): bounds the work per batch on graphs of thousands of partitions.
+STRATIFY_CANDIDATES = 64
+#: Weight of a partition's pacing (how far behind its free seeds are) against the class shortfall
+#: its seeds fill, in :func:`deal_stratified`.
+PACE_WEIGHT = 0.5
+
+
+def deal_stratified(cuts: list[np.ndarray], free: np.ndarray, part_of: np.ndarray,
+                    classes: np.ndarray, batch_size: int, rng: np.random.Generator
+                    ) -> list[np.ndarray]:
+    """Deal the free seeds of a hybrid plan over its batches, stratified by class.
+
+    Each batch (in a random order) gets its quota of free seeds (:func:`_free_quotas`) in picks of
+    ``ceil(quota / FREE_LANES)`` seeds from one partition, so they come from about
+    :data:`FREE_LANES` partitions and their misses still coalesce.  A pick scores up to
+    :data:`STRATIFY_CANDIDATES` partitions with free seeds left by how well their seeds' classes
+    fill the batch's shortfall ``d = target - have`` (``target``: the training set's class
+    fractions times the batch size, ``have``: the classes the batch holds so far), plus a pacing
+    term (free seeds left over batches left) so that no partition's seeds pile up at the end of
+    the epoch; it takes the chosen partition's seeds of the classes most short first.  The same
+    idea as stratified mini-batches (class proportions kept per batch), applied to the seeds the
+    buffer does not bind.
+
+    Args:
+        cuts: per batch, int64 indices into the training ids of its state seeds.
+        free: int64 indices into the training ids of the free seeds.
+        part_of: int64 [T] partition of each training node; classes: int64 [T] its class
+            (negative: unlabelled, one class of its own).
+        batch_size: seeds per full batch; rng: the plan's random stream.
+
+    Returns:
+        ``cuts`` with each batch's free seeds appended, every batch shuffled (each free seed in
+        exactly one batch).
+    """
+    cls = np.asarray(classes, dtype=np.int64)
+    cls = np.where(cls < 0, -1, cls) + 1  # unlabelled -> 0
+    k = int(cls.max()) + 1 if cls.size else 1
+    g = np.bincount(cls, minlength=k).astype(np.float64)
+    g /= max(g.sum(), 1.0)
+    quota = _free_quotas(cuts, free.shape[0], batch_size)
+    # pools: the free seeds sorted by (partition, class), random within; block (q, c) of the pool
+    # runs from start[q, c]; left[q, c] seeds of it are not dealt yet (taken from its end)
+    num_parts = int(part_of[free].max()) + 1
+    free = free[rng.permutation(free.shape[0])]
+    free = free[np.lexsort((cls[free], part_of[free]))]
+    key = part_of[free] * k + cls[free]
+    left = np.bincount(key, minlength=num_parts * k).reshape(num_parts, k)
+    start = np.concatenate([[0], np.cumsum(left.reshape(-1))[:-1]]).reshape(num_parts, k)
+    rem = left.sum(1)
+    live = np.flatnonzero(rem)
+    out: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * len(cuts)
+    nb = len(cuts)
+    # batches dealt in a random order: what the greedy deal leaves unmatched at its end (the
+    # last pools' classes) falls on batches anywhere in the epoch, not on the epoch's last ones
+    for i, bi in enumerate(rng.permutation(nb).tolist()):
+        c = cuts[bi]
+        n = int(quota[bi])
+        have = np.bincount(cls[c], minlength=k).astype(np.float64)
+        target = g * (c.shape[0] + n)
+        per = max(1, -(-n // FREE_LANES))
+        taken = []
+        while n > 0 and live.size:
+            d = np.maximum(target - have, 0.0)
+            cand = live if live.shape[0] <= STRATIFY_CANDIDATES else \
+                live[rng.choice(live.shape[0], STRATIFY_CANDIDATES, replace=False)]
+            r = rem[cand].astype(np.float64)
+            # shortfall a seed of the partition fills (0..1), and how far behind its pool is:
+            # 1 = on pace to be dealt by the last batch
+            fill = (left[cand] @ d) / r / max(float(d.max()), 1e-9)
+            behind = r * live.shape[0] / (per * FREE_LANES * (nb - i))
+            q = int(cand[int(np.argmax(fill + PACE_WEIGHT * behind))])
+            m = min(per, n, int(rem[q]))
+            cs = np.flatnonzero(left[q])
+            for cc in cs[np.argsort(-d[cs], kind="stable")]:  # the classes most short first
+                if m == 0:
+                    break
+                j = min(m, int(left[q, cc]))
+                if j:
+                    b = start[q, cc] + left[q, cc]
+                    taken.append(free[b - j:b])
+                    left[q, cc] -= j
+                    have[cc] += j
+                    m -= j
+                    n -= j
+                    rem[q] -= j
+            if rem[q] == 0:
+                live = live[live != q]
+        if taken:
+            c = np.concatenate([c, *taken])
+        out[bi] = c[rng.permutation(c.shape[0])]
+    return out
 
 
 def plan_cluster_states(cluster_of_train: np.ndarray, train_ids: np.ndarray, part_of_cluster: np.ndarray,

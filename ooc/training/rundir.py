@@ -27,6 +27,7 @@ from ooc.storage.access import ReadAccess, open_for_read, verifying
 from ooc.storage.verify import read_verification, set_read_verification
 from ooc.storage.locks import PathLock
 from ooc.util.procs import remove_dead_leftovers
+from ooc.util.files import remove_made_dirs
 
 __all__ = ["RunGuard", "guarded", "RUN_FILES", "holds_run", "set_run_control", "run_control", "run_lock",
            "guard_inference"]
@@ -89,6 +90,8 @@ class RunGuard:
         self._lock: PathLock | None = None
         self._data: ReadAccess | None = None
         self._mode: str | None = None
+        self._out = Path()
+        self._made: list[Path] = []
 
     def __enter__(self) -> "RunGuard":
         ctl = run_control(self.cfg)
@@ -96,6 +99,10 @@ class RunGuard:
             Path(self.dist.run_dir(self.cfg.output_dir))
         if out.exists() and not out.is_dir():
             raise FileExistsError(f"{out}: --output-dir is a file, not a run directory")
+        self._out = out
+        # the folders made for the run (its lock file's parents): removed again, as far as they
+        # are empty, when the run fails before it has anything to keep (see ``train``)
+        self._made = [p for p in Path(out).absolute().parents if not p.exists()]
         self._lock = run_lock(out, exclusive=True, wait=ctl.get("wait"), purpose="train into")
         try:
             if out.is_dir():
@@ -142,6 +149,9 @@ class RunGuard:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+            if self._made and not self._out.exists():
+                remove_made_dirs(self._made)
+            self._made = []
 
 
 def guarded(train_fn: F) -> F:

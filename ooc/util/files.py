@@ -13,12 +13,22 @@ from pathlib import Path
 from typing import Iterable
 
 __all__ = ["fsync_dir", "fsync_tree", "write_json_atomic", "read_jsonl", "write_jsonl_atomic", "write_to",
-           "temp_sibling"]
+           "temp_sibling", "remove_made_dirs"]
 
 
 def temp_sibling(path: Path, tag: str = "tmp") -> Path:
     """``DIR/.NAME.TAG-PID`` next to ``path``: the temporary file an atomic write of ``path`` uses."""
     return path.with_name(f".{path.name}.{tag}-{os.getpid()}")
+
+
+def remove_made_dirs(made: list[Path]) -> None:
+    """Remove the folders ``made`` (a command created them: deepest first), as far as they are
+    empty (a folder something else has written into since stays, and so do its parents)."""
+    for p in made:
+        try:
+            p.rmdir()
+        except OSError:
+            return
 
 
 def fsync_dir(path: str | os.PathLike) -> None:

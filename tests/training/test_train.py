@@ -221,7 +221,8 @@ def test_a_bad_size_in_a_config_names_its_option(planted_dataset: Path, tmp_path
 
 def test_bad_options_and_setup_errors_leave_no_run_folder(planted_dataset: Path, tmp_path: Path) -> None:
     """``--io-depth`` outside [1, 512] and a negative ``--io-gap`` are refused; a missing dataset and a memory
-    budget too small for the run fail before training and leave no output folder behind."""
+    budget too small for the run fail before training and leave no output folder behind, nor the
+    parent folders made for it (a folder that existed before stays)."""
     from ooc.storage.dataset import DatasetError
     for depth in (0, 513):
         with pytest.raises(ValueError, match="io_depth must be between 1 and 512"):
@@ -234,6 +235,14 @@ def test_bad_options_and_setup_errors_leave_no_run_folder(planted_dataset: Path,
     with pytest.raises(ValueError, match="too small"):
         train(_cfg(planted_dataset, tmp_path / "tiny", mode="hybrid", memory_budget="4KB"))
     assert not (tmp_path / "tiny").exists()
+    with pytest.raises(ValueError, match="too small"):  # nor the folders made for it
+        train(_cfg(planted_dataset, tmp_path / "runs" / "a" / "tiny", mode="hybrid",
+                   memory_budget="4KB"))
+    assert not (tmp_path / "runs").exists()
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(DatasetError):
+        train(_cfg(tmp_path / "no-such-dataset", tmp_path / "kept" / "a" / "b"))
+    assert sorted(p.name for p in tmp_path.joinpath("kept").iterdir()) == []
     (tmp_path / "mine").mkdir()  # a folder the user made is never removed
     with pytest.raises(DatasetError):
         train(_cfg(tmp_path / "no-such-dataset", tmp_path / "mine"))
