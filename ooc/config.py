@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TrainConfig", "read_ahead_batches", "sample_ahead_batches", "parse_fanouts", "evaluation_fanouts", "load_yaml", "SECTIONS",
-           "ConfigError"]
+__all__ = ["TrainConfig", "read_ahead_batches", "sample_ahead_batches", "parse_fanouts", "evaluation_fanouts",
+           "auto_layerwise_eval", "load_yaml", "SECTIONS", "ConfigError"]
 
 SECTIONS = ("data", "sampler", "model", "task", "train", "eval", "run")
 
@@ -705,3 +705,12 @@ def evaluation_fanouts(cfg: "TrainConfig") -> list[int]:
     """Fanouts of sampled evaluation: ``cfg.eval_fanouts``, or ``-1`` (all neighbours) per layer
     when it is empty.  One entry per layer, output layer first."""
     return list(cfg.eval_fanouts) if cfg.eval_fanouts else [-1] * len(cfg.fanouts)
+
+
+def auto_layerwise_eval(cfg: "TrainConfig", world_size: int) -> bool:
+    """Whether ``--eval-mode auto`` may evaluate node classification layer-wise: full
+    neighbourhoods (no ``--eval-fanout``), one process (layer-wise evaluation is not split across
+    ranks) and a built-in model (a custom one may lack ``layer_forward``)."""
+    from ooc.interop.custom import is_custom
+    return (cfg.eval_mode == "auto" and all(f == -1 for f in evaluation_fanouts(cfg))
+            and world_size == 1 and not is_custom(cfg.model))

@@ -25,7 +25,7 @@ from ooc.util.sizes import format_bytes
 if TYPE_CHECKING:
     from ooc.data.autoplan import Extents
 
-__all__ = ["BudgetPlan", "plan_budget", "RssMonitor", "mmap_threshold_for", "release_free_memory",
+__all__ = ["BudgetPlan", "BudgetTooSmall", "plan_budget", "RssMonitor", "mmap_threshold_for", "release_free_memory",
            "tune_allocator"]
 
 
@@ -174,6 +174,19 @@ def release_free_memory() -> None:
         pass
 
 
+class BudgetTooSmall(ValueError):
+    """A memory budget that cannot hold the run (the message says what it would need).
+
+    Attributes:
+        eval_bound: the evaluation batches are what did not fit (they are larger than the training
+            batches): the run fits if evaluation uses none (layer-wise).
+    """
+
+    def __init__(self, message: str, eval_bound: bool = False) -> None:
+        super().__init__(message)
+        self.eval_bound = eval_bound
+
+
 @dataclass
 class BudgetPlan:
     """How a byte budget is spent (all in bytes).
@@ -207,6 +220,8 @@ class BudgetPlan:
             hold a window at the same time).
         sample_ahead: training batches sampled ahead on their own thread (0: none);
             sample_ahead_bytes: their samples' memory per rank (part of ``scratch``).
+        eval_batches: sampled evaluation batches are planned (False: evaluation must run
+            layer-wise, in the parts of the budget idle while it runs).
     """
 
     budget: int | None
@@ -233,6 +248,7 @@ class BudgetPlan:
     eval_read_ahead: int = 0
     sample_ahead: int = 0
     sample_ahead_bytes: int = 0
+    eval_batches: bool = True
 
     @property
     def planned(self) -> int:
@@ -353,8 +369,9 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
             budget cannot hold them beside the mode's minimum.
 
     Raises:
-        ValueError: the budget cannot hold the fixed parts plus the minimum the mode needs (one
-            partition slot for ``buffer``/``hybrid``, ``min_state`` + 1 with states), naming the sizes.
+        BudgetTooSmall (a ValueError): the budget cannot hold the fixed parts plus the minimum the
+            mode needs (one partition slot for ``buffer``/``hybrid``, ``min_state`` + 1 with
+            states), naming the sizes.
     """
     n, e = ds.num_nodes, ds.num_edges
     has_feats = ds.has("features")
@@ -466,7 +483,7 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
             which = (f" (the larger of training batches {format_bytes(tr)}: --batch-size, --fanout, "
                      f"--prefetch; and evaluation batches {format_bytes(ev)}: --eval-batch-size, "
                      "--eval-fanout; a batch's neighbourhood is at most the whole graph)")
-            raise ValueError(
+            raise BudgetTooSmall(
                 f"memory budget {format_bytes(budget)} too small"
                 + (f" for {lw} local ranks" if lw > 1 else "") + f": topology {format_bytes(topo)}"
                 + (f" (of which --hot-topology {format_bytes(hot_topology)})" if hot_topology else "")
@@ -492,7 +509,7 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                 + ("; or a smaller --hot-topology" if hot_topology else "")
                 + ("; or a smaller --read-ahead" if ahead else "")
                 + ("; or --miss-features disk / fewer `ooc compress --subspaces`" if compressed
-                   else "") + ")")
+                   else "") + ")", eval_bound=ev > tr)
         per_slot = slots_cost(1)
         if mode == "exact":
             if slots_cost(num_parts) <= avail + lw * ahead and not cache_size:
@@ -546,4 +563,4 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                       int(compressed), lw, int(nodes + stage + scratch + per_rank_extra + embedding),
                       depth, int(slot_private), bool(share), int(embedding), int(ahead_n),
                       int(ahead), eval_window(ahead) if ahead_n else 0, int(sample_ahead),
-                      int(sampled))
+                      int(sampled), eval_batch_size > 0)

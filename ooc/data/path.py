@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import numpy as np
 import torch
 
-from ooc.config import read_ahead_batches, sample_ahead_batches
+from ooc.config import auto_layerwise_eval, read_ahead_batches, sample_ahead_batches
 from ooc.contracts import Batch, EdgePairs, Graph, Job, Plan, SingleProcess
 from ooc.data.autoplan import (AUTO_HOT_SHARES, Extents, ListProbe, ReadCost, SplitChoice,
                                choose_split, probe_extents)
-from ooc.data.budget import (BudgetPlan, RssMonitor, mmap_threshold_for, plan_budget,
+from ooc.data.budget import (BudgetPlan, BudgetTooSmall, RssMonitor, mmap_threshold_for, plan_budget,
                              release_free_memory, tune_allocator)
 from ooc.data.buffer import BufferManager, make_buffer
 from ooc.data.loader import BuildFn, Loader
@@ -785,7 +785,8 @@ def _disk_topology_allowed(cfg: "TrainConfig", task: str, topology_edges: int | 
 
 def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_world: int = 1,
                  device_type: str = "cpu", task: str = "node", topology_edges: int | None = None,
-                 task_bytes: int | None = None, reuse: dict | None = None) -> MachinePlan:
+                 task_bytes: int | None = None, reuse: dict | None = None,
+                 world_size: int | None = None) -> MachinePlan:
     """The budget plan of one machine running ``local_world`` ranks of ``cfg`` on ``device_type``
     devices.  The launcher of a data-parallel job calls it before starting any process (a budget
     too small is refused there, with its reason); every rank calls it again (the probe is keyed by
@@ -803,6 +804,12 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
     ``reuse``: an interrupted run's :attr:`MachinePlan.record` (from its checkpoint): its probed
     extents and split are planned again as they were, without probing (the probe is keyed by the
     seed, so it would choose them again; at 100 M nodes it reads ~10 GB of lists).
+
+    With ``--eval-mode auto``, where the sampled evaluation batches are what the budget cannot
+    hold (they are larger than the training batches) and evaluation could run layer-wise
+    (:func:`ooc.config.auto_layerwise_eval`; ``world_size``: ranks of the job, default
+    ``local_world``), the plan is made without them (:attr:`BudgetPlan.eval_batches` False) and
+    the run evaluates layer-wise instead of being refused.
 
     Raises:
         ValueError: a budget that cannot hold the mode's minimum (naming every part).
@@ -884,20 +891,33 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
             hots = [0] + [int(whole * f) for f in AUTO_HOT_SHARES]
         split = None
         chosen = reuse.get("split") if reuse is not None else None
-        if chosen is not None:  # the interrupted run's split, planned again
-            topology, pq, size = chosen["topology"], bool(chosen["pq"]), chosen["cache_size"]
-            hot = int(chosen["hot_topology"])
-            plan = plan_with(topology, pq, size, hot)
-            split = SplitChoice(topology, pq, size, plan, ReadCost(*chosen["predicted"]),
-                                hot_topology=hot, hot_bits=SplitChoice.bits_of(chosen), reused=True)
-        elif len(topologies) * len(pqs) * len(fractions) * len(hots) == 1:
-            topology, pq, size = topologies[0], pqs[0], None
-            plan = plan_with(topology, pq, None)
-        else:
-            split = choose_split(cfg, ds, offsets, plan_with, topologies, pqs, fractions, probe,
-                                 hot_sizes=hots)
-            topology, pq, size, plan = split.topology, split.pq, split.cache_size, split.plan
-            hot = split.hot_topology
+        while True:
+            try:
+                if chosen is not None:  # the interrupted run's split, planned again
+                    topology, pq, size = chosen["topology"], bool(chosen["pq"]), chosen["cache_size"]
+                    hot = int(chosen["hot_topology"])
+                    plan = plan_with(topology, pq, size, hot)
+                    split = SplitChoice(topology, pq, size, plan, ReadCost(*chosen["predicted"]),
+                                        hot_topology=hot, hot_bits=SplitChoice.bits_of(chosen),
+                                        reused=True)
+                elif len(topologies) * len(pqs) * len(fractions) * len(hots) == 1:
+                    topology, pq, size = topologies[0], pqs[0], None
+                    plan = plan_with(topology, pq, None)
+                else:
+                    split = choose_split(cfg, ds, offsets, plan_with, topologies, pqs, fractions,
+                                         probe, hot_sizes=hots)
+                    topology, pq, size, plan = split.topology, split.pq, split.cache_size, split.plan
+                    hot = split.hot_topology
+                break
+            except BudgetTooSmall as e:
+                # --eval-mode auto: where the sampled evaluation batches are what does not fit,
+                # evaluate layer-wise (it needs none) rather than refuse the run
+                if not (e.eval_bound and eval_bs and task == "node"
+                        and auto_layerwise_eval(cfg, world_size or local_world)):
+                    raise
+                log.info("evaluation batches of %d seeds do not fit the budget beside training: "
+                         "evaluating layer-wise", eval_bs)
+                eval_bs = 0
         if hot and topology != "disk":
             log.warning("--hot-topology %s not used: %s", cfg.hot_topology,
                         "the budget split keeps the whole topology in memory" if budget_bytes is not None
@@ -948,7 +968,7 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
     offsets = partition_offsets(cfg, ds)
     mp = plan_machine(cfg, ds, offsets, job.local_world_size, job.device.type, task,
                       int(topology[1].shape[0]) if topology is not None else None, task_bytes,
-                      reuse=reuse)
+                      reuse=reuse, world_size=job.world_size)
     plan, pq_need, replan = mp.plan, mp.pq_bytes, mp.replan
     # the planner's in-memory indptr: the topology below holds its own copy (counted in the plan)
     ds.release("indptr")

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ooc.config import TrainConfig, evaluation_fanouts
+from ooc.config import TrainConfig, auto_layerwise_eval, evaluation_fanouts
 from ooc.contracts import Batch, Job, Plan, SingleProcess
 from ooc.data.budget import RssMonitor, release_free_memory
 from ooc.data.loader import prefetched
@@ -164,18 +164,18 @@ def evaluate_node_layerwise(model: GNN, task: "NodeTask", device: torch.device |
     return res
 
 
-def node_eval_mode(cfg: TrainConfig, world_size: int, resident: bool) -> str:
+def node_eval_mode(cfg: TrainConfig, world_size: int, resident: bool,
+                   eval_batches: bool = True) -> str:
     """``sampled`` or ``layerwise``: ``cfg.eval_mode``, with ``auto`` resolved to ``layerwise``
     out of core (a memory budget that does not hold every partition, ``resident`` False: each
     needed node's layers computed once and the feature rows read partition by partition beat
-    per-batch neighbourhoods read row by row; measured in docs/benchmarks.md) when evaluation uses
-    full neighbourhoods, one process evaluates (layer-wise evaluation is not split across ranks)
-    and the model is built in (a custom one may lack ``layer_forward``)."""
+    per-batch neighbourhoods read row by row; measured in docs/benchmarks.md), or where the budget
+    plan holds no evaluation batches (``eval_batches`` False: they did not fit beside training),
+    when :func:`ooc.config.auto_layerwise_eval` allows it."""
     if cfg.eval_mode != "auto":
         return cfg.eval_mode
-    from ooc.interop.custom import is_custom
-    full = all(f == -1 for f in evaluation_fanouts(cfg))
-    if cfg.memory_budget and not resident and full and world_size == 1 and not is_custom(cfg.model):
+    if cfg.memory_budget and (not resident or not eval_batches) \
+            and auto_layerwise_eval(cfg, world_size):
         return "layerwise"
     return "sampled"
 
@@ -226,7 +226,8 @@ class NodeTask:
         self.ogb, ogb_info = ogb_scorer(ds)  # OGB's Evaluator for datasets converted from OGB
         self.info: dict = {"ogb": ogb_info} if ogb_info else {}
         bp = self.data.budget
-        self.eval_mode = node_eval_mode(cfg, self.job.world_size, bp.slots >= bp.num_parts)
+        self.eval_mode = node_eval_mode(cfg, self.job.world_size, bp.slots >= bp.num_parts,
+                                        bp.eval_batches)
         self.info["eval_mode"] = self.eval_mode
         # layer-wise evaluation: layer 0's inputs for the validation and test nodes, kept on disk
         # from one evaluation to the next (created at the first)

@@ -364,3 +364,27 @@ def test_no_node_sized_planner_array_outlives_the_data_path_build(tmp_path: Path
     finally:
         gc.enable()
         ds.close()
+
+
+def test_auto_evaluation_goes_layerwise_where_its_batches_do_not_fit(planted_dataset: Path,
+                                                                     tmp_path: Path) -> None:
+    """Hybrid, batch 16 with fanouts 3,3, evaluation batch 1,024 with full neighbourhoods: at the
+    smallest budget that plans with ``--eval-mode layerwise``, sampled evaluation batches do not
+    fit (refused, naming them); ``--eval-mode auto`` plans without them and the run evaluates
+    layer-wise, scoring what an explicit ``--eval-mode layerwise`` run scores.  Where they fit,
+    auto keeps them (the plans with and without budget room for them are unchanged)."""
+    kw = dict(mode="hybrid", batch_size=16, fanouts=[3, 3], eval_batch_size=1024)
+    budget, lw = _smallest_budget(planted_dataset, lambda mp: True, eval_mode="layerwise", **kw)
+    assert budget is not None and not lw.plan.eval_batches
+    with pytest.raises(ValueError, match="evaluation batches") as e:
+        _plan(planted_dataset, memory_budget=str(budget), eval_mode="sampled", **kw)
+    assert "--eval-mode layerwise" in str(e.value)
+    auto = _plan(planted_dataset, memory_budget=str(budget), **kw)
+    assert not auto.plan.eval_batches and auto.plan.slots == lw.plan.slots
+    roomy = _plan(planted_dataset, memory_budget="64MB", **kw)
+    assert roomy.plan.eval_batches  # fits: sampled batches planned, as before
+    runs = {m: train(_cfg(planted_dataset, output_dir=str(tmp_path / m), memory_budget=str(budget),
+                          eval_mode=m, epochs=1, **kw)) for m in ("auto", "layerwise")}
+    assert runs["auto"]["eval_mode"] == "layerwise"
+    assert runs["auto"]["test_acc"] == runs["layerwise"]["test_acc"]
+    assert runs["auto"]["losses"] == runs["layerwise"]["losses"]

@@ -185,17 +185,20 @@ CORA = ["--partitions", "4", "--mode", "hybrid", "--model", "gcn", "--hidden", "
 @pytest.mark.parametrize("extra", [["--devices", "2", "--batch-size", "16", "--memory-budget", "45MB"],
                                    ["--memory-budget", "16MB", "--eval-batch-size", "64",
                                     "--eval-fanout", "10,10"],
+                                   ["--memory-budget", "16MB"],
                                    ["--sampler", "labor", "--memory-budget", "60MB"],
                                    ["--device-cache", "2MB", "--memory-budget", "60MB"],
                                    ["--task", "link", "--hidden", "128", "--feat-norm", "none",
                                     "--batch-size", "256", "--dropout", "0", "--lr", "0.01",
                                     "--weight-decay", "0", "--memory-budget", "80MB"]],
-                         ids=["devices2", "16MB", "labor", "device-cache", "link"])
+                         ids=["devices2", "16MB", "16MB-layerwise", "labor", "device-cache", "link"])
 def test_cora_combinations_train(cora_metis: Path, tmp_path: Path, extra: list[str]) -> None:
     """METIS-partitioned Cora (4 parts), hybrid under a budget that holds fewer than all partitions
     (most of it goes to batches in flight: a full-neighbourhood evaluation batch is the whole
     graph), with several devices / LABOR / a device cache / link prediction: each trains, to test
-    accuracy >= 0.75 (node) or MRR >= 0.05 (link) after 20 epochs."""
+    accuracy >= 0.75 (node) or MRR >= 0.05 (link) after 20 epochs.  At 16 MB with the default
+    evaluation (batches of 1,024 seeds, full neighbourhoods: they do not fit beside training) it
+    evaluates layer-wise instead of refusing the run."""
     run = tmp_path / "run"
     rc, out, err = _cli(["train", str(cora_metis), *CORA, *extra, "--output-dir", str(run)])
     assert rc == 0, err[-3000:]
@@ -207,6 +210,8 @@ def test_cora_combinations_train(cora_metis: Path, tmp_path: Path, extra: list[s
         assert m["test_acc"] >= 0.75, m["test_acc"]
     if "--devices" in extra:
         assert m["distributed"]["steps_per_rank"][0] == m["distributed"]["steps_per_rank"][1]
+    if extra == ["--memory-budget", "16MB"]:
+        assert m["eval_mode"] == "layerwise" and not m["budget"]["eval_batches"]
 
 
 # ---------------------------------------------------------------------------- resume
