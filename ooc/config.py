@@ -556,6 +556,11 @@ def validate_data_options(cfg: "TrainConfig") -> None:
     if cfg.miss_features in ("pq", "auto") and cfg.mode != "hybrid":
         raise ValueError(f"--miss-features {cfg.miss_features} applies to --mode hybrid only (got "
                          f"--mode {cfg.mode}: exact reads exact rows, buffer has no misses)")
+    if cfg.hybrid_mix != TrainConfig.hybrid_mix and cfg.mode != "hybrid":
+        why = ("exact batches are drawn from all training nodes" if cfg.mode == "exact" else
+               "buffer batches train seeds of the resident partitions only")
+        raise ValueError(f"--hybrid-mix {cfg.hybrid_mix:g} applies to --mode hybrid only (got "
+                         f"--mode {cfg.mode}: {why})")
     if cfg.miss_features == "auto" and not cfg.memory_budget:
         raise ValueError("--miss-features auto chooses by the budget split: give --memory-budget "
                          "(or choose --miss-features disk or pq)")

@@ -30,7 +30,7 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from ooc.util.files import fsync_dir, fsync_tree
+from ooc.util.files import fsync_dir, fsync_tree, remove_made_dirs
 from ooc.util.procs import remove_dead_leftovers
 from ooc.util.signals import forget_partial, register_partial
 from ooc.storage.locks import PathLock
@@ -300,6 +300,8 @@ class DatasetWriter(DatasetStage):
         self.out = Path(out).absolute()
         check_not_input(self.out, inputs)
         self.overwrite = overwrite
+        # folders made for the output: removed again (as far as empty) when nothing is committed
+        self._made = [p for p in self.out.parents if not p.exists()]
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self._lock = PathLock(self.out, exclusive=True, wait=wait, what="dataset",
                               purpose="write").acquire()
@@ -308,6 +310,7 @@ class DatasetWriter(DatasetStage):
             _remove_stale_partials(self.out)
         except BaseException:
             self._lock.release()
+            remove_made_dirs(self._made)
             raise
         self.tmp = self.out.parent / f".{self.out.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
         self.tmp.mkdir()
@@ -349,6 +352,8 @@ class DatasetWriter(DatasetStage):
         if not self._done:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self._done = True
+            self._lock.release()
+            remove_made_dirs(self._made)
         forget_partial(self.tmp)
         self._lock.release()
 

@@ -85,8 +85,9 @@ def partition_offsets(cfg: "TrainConfig", ds: Dataset) -> np.ndarray:
         return stored
     if stored is not None:
         log.warning("%s holds %d stored partitions (ooc partition); --partitions %d splits its ids "
-                    "into %d contiguous ranges instead (omit --partitions to use the stored ones)",
-                    ds.path, stored.shape[0] - 1, p, p)
+                    "into %s instead (omit --partitions to use the stored ones)",
+                    ds.path, stored.shape[0] - 1, p,
+                    "one range" if p == 1 else f"{p} contiguous ranges")
     return contiguous_partitions(ds.num_nodes, p or min(4, ds.num_nodes))
 
 

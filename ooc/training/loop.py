@@ -54,6 +54,7 @@ from ooc.training.rundir import guarded
 from ooc.training.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from ooc.util.files import read_jsonl, temp_sibling, write_json_atomic, write_jsonl_atomic
 from ooc.util.progress import progress as progress_bar
+from ooc.util.signals import Terminated
 
 __all__ = ["train", "make_task", "make_model", "seed_everything", "peak_rss_bytes", "resolve_device",
            "Interrupted", "RESUMABLE_CHANGES"]
@@ -349,19 +350,27 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
     if job is None:
         job = SingleProcess(resolve_device(cfg.device))
     out = job.run_dir(cfg.output_dir)
-    if job.world_size == 1 and not resume and not out.exists():
-        try:  # set-up errors (no dataset, a budget too small) leave no half-made run folder
-            out.mkdir(parents=True)
-            return _train(cfg, out, resume, stop_after_steps, job, t_start)
-        except BaseException:
-            # keep the folder once it holds something to resume or read (a checkpoint, an epoch's
-            # record); a run that failed before either (a corrupt chunk in epoch 0) leaves none
-            m = out / "metrics.jsonl"
-            if not (out / "checkpoint.pt").exists() and not (m.exists() and m.stat().st_size):
-                shutil.rmtree(out, ignore_errors=True)
-            raise
-    out.mkdir(parents=True, exist_ok=True)
-    return _train(cfg, out, resume, stop_after_steps, job, t_start)
+    try:
+        if job.world_size == 1 and not resume and not out.exists():
+            try:  # set-up errors (no dataset, a budget too small) leave no half-made run folder
+                out.mkdir(parents=True)
+                return _train(cfg, out, resume, stop_after_steps, job, t_start)
+            except BaseException:
+                # keep the folder once it holds something to resume or read (a checkpoint, an
+                # epoch's record); a run that failed before either (a corrupt chunk in epoch 0)
+                # leaves none
+                m = out / "metrics.jsonl"
+                if not (out / "checkpoint.pt").exists() and not (m.exists() and m.stat().st_size):
+                    shutil.rmtree(out, ignore_errors=True)
+                raise
+        out.mkdir(parents=True, exist_ok=True)
+        return _train(cfg, out, resume, stop_after_steps, job, t_start)
+    except (KeyboardInterrupt, Terminated) as e:
+        # what the command says it left: the run's checkpoint, where there is one
+        if getattr(e, "left", None) is None and (out / "checkpoint.pt").exists():
+            msg = f"{out} keeps its last checkpoint: `ooc train --resume {out}` continues the run"
+            e.left = msg  # type: ignore[union-attr]
+        raise
 
 
 def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | None, job: Job,

@@ -99,6 +99,11 @@ class RunGuard:
             Path(self.dist.run_dir(self.cfg.output_dir))
         if out.exists() and not out.is_dir():
             raise FileExistsError(f"{out}: --output-dir is a file, not a run directory")
+        for p in Path(out).absolute().parents:  # the nearest existing folder must be one
+            if p.exists():
+                if not p.is_dir():
+                    raise FileExistsError(f"{out}: --output-dir lies under {p}, which is a file")
+                break
         self._out = out
         # the folders made for the run (its lock file's parents): removed again, as far as they
         # are empty, when the run fails before it has anything to keep (see ``train``)

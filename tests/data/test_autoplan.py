@@ -208,6 +208,17 @@ def test_miss_features_auto_needs_a_budget(planted_dataset: Path) -> None:
         _cfg(planted_dataset, mode="exact", miss_features="auto", memory_budget="10MB")
 
 
+def test_hybrid_mix_is_refused_outside_hybrid_mode(planted_dataset: Path) -> None:
+    """A ``--hybrid-mix`` other than the default with exact or buffer mode is refused, naming the
+    mode (it was ignored without a word); the default passes with every mode."""
+    for mode in ("exact", "buffer"):
+        with pytest.raises(ValueError, match=f"--hybrid-mix 0.9 applies to --mode hybrid only "
+                                             f"\\(got --mode {mode}"):
+            _cfg(planted_dataset, mode=mode, hybrid_mix=0.9)
+        _cfg(planted_dataset, mode=mode)
+    _cfg(planted_dataset, mode="hybrid", hybrid_mix=0.9)
+
+
 def test_buffer_mode_predicts_partition_loads_only(planted_dataset: Path) -> None:
     """Buffer mode samples inside the resident partitions: no misses and no list reads, only loads
     (every partition once per epoch when fewer than all are resident)."""

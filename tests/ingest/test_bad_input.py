@@ -47,6 +47,20 @@ def test_overwrite_never_deletes_a_directory_that_is_not_a_dataset(tmp_path: Pat
     assert Dataset(ds).num_edges == 1
 
 
+def test_refused_input_leaves_no_folders_made_for_the_output(tmp_path: Path, capsys) -> None:
+    """A bad edge list refused with its line: no dataset, no partial folder, and none of the
+    parent folders made for ``--out``; a folder that existed stays."""
+    bad = _edges(tmp_path, "0 1\n1 2\nfoo bar\n")
+    assert main(["convert", "edgelist", str(bad), "--out", str(tmp_path / "a" / "b" / "ds")]) == 2
+    assert "in.txt:3" in _err(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
+    (tmp_path / "kept").mkdir()
+    assert main(["convert", "edgelist", str(bad), "--out", str(tmp_path / "kept" / "c" / "ds")]) == 2
+    _err(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "kept"]
+    assert list((tmp_path / "kept").iterdir()) == []
+
+
 def test_out_equal_to_the_input_is_refused(tmp_path: Path, capsys) -> None:
     src = _edges(tmp_path)
     assert main(["convert", "edgelist", str(src), "--out", str(src), "--overwrite"]) == 2

@@ -102,6 +102,24 @@ def test_sigkill_mid_epoch_then_resume(planted_dataset: Path, tmp_path: Path) ->
     _assert_identical(full_run, part_run, mf, mp)
 
 
+def test_sigterm_names_the_checkpoint_it_keeps(planted_dataset: Path, tmp_path: Path) -> None:
+    """SIGTERM after a checkpoint: exit 143, the run folder and its checkpoint stay, and the
+    message says so and how to continue (not "partial output removed"); the resume finishes."""
+    run = tmp_path / "run"
+    args = [str(planted_dataset), "--fanout", "5,5", "--batch-size", "64", "--epochs", "2",
+            "--seed", "5", "--partitions", "8", "--buffer-partitions", "2", "--hidden", "16",
+            "--checkpoint-every", "3", "--no-progress", "--output-dir", str(run)]
+    marker = tmp_path / "paused"
+    env = dict(os.environ, OOC_FAULT_PAUSE_STEP=f"8:120:{marker}")
+    proc = start_paused(["train", *args], env, marker, timeout=240)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=60)[1].decode()
+    assert proc.returncode == 143, err
+    assert f"terminated by SIGTERM; {run} keeps its last checkpoint: `ooc train --resume {run}`" in err
+    assert "partial output removed" not in err and (run / "checkpoint.pt").exists()
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+
+
 def test_resume_without_checkpoint_fails(tmp_path: Path, planted_dataset: Path,
                                          capsys: pytest.CaptureFixture) -> None:
     assert main(["train", "--resume", str(tmp_path / "nothing")]) == 2

@@ -243,6 +243,9 @@ def test_bad_options_and_setup_errors_leave_no_run_folder(planted_dataset: Path,
     with pytest.raises(DatasetError):
         train(_cfg(tmp_path / "no-such-dataset", tmp_path / "kept" / "a" / "b"))
     assert sorted(p.name for p in tmp_path.joinpath("kept").iterdir()) == []
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(FileExistsError, match="lies under .*afile, which is a file"):
+        train(_cfg(planted_dataset, tmp_path / "afile" / "sub"))
     (tmp_path / "mine").mkdir()  # a folder the user made is never removed
     with pytest.raises(DatasetError):
         train(_cfg(tmp_path / "no-such-dataset", tmp_path / "mine"))
