@@ -187,13 +187,14 @@ def _row(name: str, m: dict, base_epoch: float | None) -> dict:
 BENCH_MODES = ("exact", "buffer", "hybrid", "hybrid-pq")
 
 
-def check_modes(modes: list[str]) -> None:
-    """Raises ValueError naming a ``--modes`` entry that is not MODE or hybrid[-pq]:MIX."""
+def check_modes(modes: list[str], allowed: tuple[str, ...] = BENCH_MODES) -> None:
+    """Raises ValueError naming a ``--modes`` entry that is not one of ``allowed`` or a hybrid one
+    of them with ``:MIX`` (its ``--hybrid-mix``, in ``[0, 1)``)."""
     for spec in modes:
         mode, sep, mix = spec.partition(":")
-        if mode not in BENCH_MODES or (sep and not mode.startswith("hybrid")):
-            raise ValueError(f"--modes entry {spec!r}: use {', '.join(BENCH_MODES)} or "
-                             "hybrid[-pq]:MIX")
+        if mode not in allowed or (sep and not mode.startswith("hybrid")):
+            raise ValueError(f"--modes entry {spec!r}: use {', '.join(allowed)}, or a hybrid "
+                             "one with :MIX")
         if sep:
             try:
                 ok = 0 <= float(mix) < 1

@@ -12,8 +12,9 @@ the same run of ``--baseline-python``'s ooc, an older checkout, when given) -- `
 ``exact`` (its default read-ahead windows; ``exact-cache``: ``--read-ahead 0``, per-batch reads
 behind the CPU row cache; ``exact-belady``: with ``--cache-policy belady``; ``hybrid-serial`` and
 ``exact-serial``: ``--sample-ahead 0``, batches sampled on the loader thread; ``-layerwise`` and
-``-sampled``: ``--eval-mode layerwise`` / ``sampled``, ``auto`` being layer-wise out of core), each at ``--budget`` (default
-dataset / 3) with O_DIRECT reads.  Repetition ``i`` uses seed
+``-sampled``: ``--eval-mode layerwise`` / ``sampled``, ``auto`` being layer-wise out of core; a
+hybrid entry with ``:MIX``, e.g. ``hybrid:0.1``, runs with ``--hybrid-mix MIX``), each at
+``--budget`` (default dataset / 3) with O_DIRECT reads.  Repetition ``i`` uses seed
 ``i`` for every run, so the repetitions also give the accuracy over seeds.  Same model and
 hyper-parameters for all: GraphSAGE-mean, 2 layers, ``--fanout``, ``--batch-size``, ``--hidden``,
 dropout on every layer's input, Adam, ``--lr``, ``--weight-decay``, the same weight initialisation
@@ -90,7 +91,10 @@ def _run_dgl(py: str, peers: Path, npy: Path, out: Path, a: argparse.Namespace, 
             "command": " ".join(cmd), "peer": m["peer"]}
 
 
-def _mode_args(mode: str, budget: int) -> list[str]:
+def _mode_args(spec: str, budget: int) -> list[str]:
+    mode, _, mix = spec.partition(":")
+    if mix:
+        return _mode_args(mode, budget) + ["--hybrid-mix", mix]
     if mode == "resident":
         return ["--mode", "hybrid", "--memory-budget", str(64 << 30), "--direct-io"]
     args = ["--mode", "hybrid" if mode.startswith("hybrid") else "exact", "--memory-budget", str(budget),
@@ -132,7 +136,9 @@ def _run_ooc(dataset: Path, out: Path, mode: str, budget: int, a: argparse.Names
     h = m["history"]
     from ooc.util.sizes import format_bytes
     what = "= dataset/3" if not a.budget else format_bytes(budget)
-    return {"run": _NAMES[mode].format(what) + label, "mode": mode, "seed": seed, "load_before": load, "load_after": _load(),
+    base, _, mix = mode.partition(":")
+    name = _NAMES[base].format(what) + (f", --hybrid-mix {mix}" if mix else "")
+    return {"run": name + label, "mode": mode, "seed": seed, "load_before": load, "load_after": _load(),
             "train_s": [x["train_time_s"] for x in h], "eval_s": [x.get("eval_time_s", 0.0) for x in h],
             "compute_s": [x["compute_s"] for x in h], "stall_s": [x["stall_s"] for x in h],
             "gather_s": [x["gather_s"] for x in h], "sample_s": [x["sample_s"] for x in h],
@@ -153,12 +159,10 @@ def run_bench_peer(a: argparse.Namespace) -> dict:
         ValueError: an unknown ``--modes`` entry.
     """
     from ooc.storage.dataset import Dataset
-    from ooc.tools.bench_ooc import _ensure_pq
+    from ooc.tools.bench_ooc import _ensure_pq, check_modes
     from ooc.tools.bench_sample import _peer_python
     modes = [m for m in a.modes.split(",") if m]
-    bad = [m for m in modes if m not in PEER_MODES]
-    if bad:
-        raise ValueError(f"--modes {', '.join(bad)}: choose from {', '.join(PEER_MODES)}")
+    check_modes(modes, PEER_MODES)
     work = Path(a.workdir)
     work.mkdir(parents=True, exist_ok=True)
     dataset = Path(a.dataset)
@@ -181,7 +185,7 @@ def run_bench_peer(a: argparse.Namespace) -> dict:
                             f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
                  "dataset": str(dataset), **info, "budget": budget,
                  "args": {k: v for k, v in vars(a).items() if k != "func"}}
-    if "hybrid-pq" in modes:  # first: adding the codes makes an older export stale
+    if any(m.partition(":")[0] == "hybrid-pq" for m in modes):  # first: adding the codes makes an older export stale
         res["pq"] = _ensure_pq(dataset)
     res["export"] = _export(dataset, work / "npy", peers)
     runs = []
@@ -272,7 +276,8 @@ def add_bench_peer(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--peers-dir", default=str(_default_peers()),
                    help="the peer scripts (train_dgl.py, export_zarr_npy.py)")
     p.add_argument("--modes", default="resident,hybrid,hybrid-pq,exact",
-                   help=f"comma-separated among {', '.join(PEER_MODES)}")
+                   help=f"comma-separated among {', '.join(PEER_MODES)}; a hybrid one with "
+                        ":MIX (e.g. hybrid:0.1) runs with --hybrid-mix MIX")
     p.add_argument("--repeats", type=int, default=2, help="alternating repetitions, seeds SEED..")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=3)

@@ -12,7 +12,11 @@ Node classification (every training node once per epoch, from a state holding it
   random into logical partitions of ``group`` physical ones; the buffer holds ``c / group`` logical
   partitions; logical partitions enter in a random order and each swap evicts a random resident one.
   Different epochs see different partition combinations, which reduces the bias of training inside
-  the buffer.
+  the buffer.  Where the training nodes' classes are known (``strata``), the grouping is
+  stratified instead of uniform (:func:`stratified_groups`): each logical partition takes, in
+  turn, the remaining partition whose training nodes best fill its shortfall against the training
+  set's class mix, so a state's seeds -- and the batches cut from them -- are near that mix even
+  where partitions follow classes.  It moves nothing: the same partitions are loaded as often.
 
 Both make ``P`` partition loads per epoch (``P - c`` swaps after the first fill), which is the lower
 bound when every partition holds training nodes: :func:`node_swap_lower_bound`.
@@ -29,10 +33,13 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ORDERINGS", "sequential_states", "comet_states", "beta_states", "count_swaps",
-           "node_swap_lower_bound", "bucket_swap_lower_bound", "assign_buckets", "node_states"]
+__all__ = ["ORDERINGS", "sequential_states", "comet_states", "stratified_groups", "beta_states",
+           "count_swaps", "node_swap_lower_bound", "bucket_swap_lower_bound", "assign_buckets", "node_states"]
 
 ORDERINGS = ("sequential", "comet")
+#: Partitions scored per pick of :func:`stratified_groups` (a random sample of those left): bounds
+#: its work to ``O(P * GROUP_CANDIDATES * K)`` on graphs of thousands of partitions.
+GROUP_CANDIDATES = 256
 
 
 def count_swaps(states: list[list[int]]) -> int:
@@ -69,8 +76,59 @@ def sequential_states(num_parts: int, capacity: int) -> list[list[int]]:
     return [list(range(s, s + c)) for s in range(num_parts - c + 1)]
 
 
+def stratified_groups(parts: list[int], group: int, strata: np.ndarray,
+                      rng: np.random.Generator) -> list[list[int]]:
+    """Group ``parts`` into logical partitions of ``group`` (the last may be smaller) whose
+    training nodes' class mixes are each near the mix of all of them.
+
+    Logical partitions pick in rounds, in a random order each round: each takes, among up to
+    :data:`GROUP_CANDIDATES` remaining partitions, the one whose training nodes best fill its
+    shortfall ``d = max(f * n / L - have, 0)`` (``f``: the class fractions over ``parts``,
+    ``n / L``: training nodes per logical partition, ``have``: its class counts so far), scored as
+    ``counts @ d / |counts|`` (ties broken at random).  The greedy stratified assignment of
+    stratified sampling, applied to whole partitions.
+
+    Args:
+        parts: partition ids to group; group: partitions per logical partition (``>= 1``).
+        strata: [P, K] training nodes of each partition (rows indexed by partition id) per class.
+        rng: randomness of the epoch (round orders, candidate samples, ties).
+
+    Returns:
+        Logical partitions (lists of partition ids), each id of ``parts`` in exactly one.
+    """
+    n = len(parts)
+    if n == 0:
+        return []
+    nl = -(-n // group)
+    size = np.full(nl, group, dtype=np.int64)
+    size[-1] = n - group * (nl - 1)
+    ids = np.asarray(parts, dtype=np.int64)
+    cnt = np.asarray(strata, dtype=np.float64)[ids]
+    tot = cnt.sum(0)
+    want = tot / nl  # class counts of a logical partition at the overall mix
+    seeds = cnt.sum(1)
+    have = np.zeros((nl, cnt.shape[1]))
+    left = np.ones(n, dtype=np.bool_)
+    groups: list[list[int]] = [[] for _ in range(nl)]
+    for r in range(group):
+        for lp in rng.permutation(nl).tolist():
+            if r >= size[lp]:
+                continue
+            cand = np.flatnonzero(left)
+            if cand.shape[0] > GROUP_CANDIDATES:
+                cand = cand[rng.choice(cand.shape[0], GROUP_CANDIDATES, replace=False)]
+            d = np.maximum(want - have[lp], 0.0)
+            fill = (cnt[cand] @ d) / np.maximum(seeds[cand], 1.0)
+            j = int(cand[int(np.argmax(fill + 1e-9 * rng.random(cand.shape[0])))])
+            left[j] = False
+            have[lp] += cnt[j]
+            groups[lp].append(int(ids[j]))
+    return groups
+
+
 def comet_states(num_parts: int, capacity: int, rng: np.random.Generator,
-                 group: int | None = None, start: list[int] | None = None) -> list[list[int]]:
+                 group: int | None = None, start: list[int] | None = None,
+                 strata: np.ndarray | None = None) -> list[list[int]]:
     """COMET-like two-level randomised ordering (see the module docstring).
 
     Args:
@@ -80,6 +138,9 @@ def comet_states(num_parts: int, capacity: int, rng: np.random.Generator,
             partitions resident).
         start: partitions resident now (the previous epoch's last state): they form the first
             logical partitions, so an epoch begins without swaps.
+        strata: [P, K] training nodes per partition and class, or None: given, the partitions are
+            grouped by :func:`stratified_groups` (those of ``start`` among themselves, the others
+            in a random order of logical partitions), else uniformly at random.
 
     Returns:
         States (lists of physical partitions, each of size ``<= c``); every partition appears in at
@@ -87,17 +148,25 @@ def comet_states(num_parts: int, capacity: int, rng: np.random.Generator,
         divides both).
 
     Raises:
-        ValueError: ``capacity < 1``.
+        ValueError: ``capacity < 1``, or ``strata`` without one row per partition.
     """
     if capacity < 1:
         raise ValueError(f"buffer capacity must be >= 1 partition, got {capacity}")
+    if strata is not None and np.shape(strata)[0] != num_parts:
+        raise ValueError(f"strata has {np.shape(strata)[0]} rows for {num_parts} partitions")
     c = min(capacity, num_parts)
     g = max(1, min(group if group else max(1, c // 2), c))
     perm = rng.permutation(num_parts).tolist()
-    if start:
-        carry = [q for q in start if 0 <= q < num_parts][:c]
-        perm = carry + [q for q in perm if q not in carry]
-    logical = [perm[i:i + g] for i in range(0, num_parts, g)]
+    carry = [q for q in start if 0 <= q < num_parts][:c] if start else []
+    if carry:
+        held = set(carry)
+        perm = carry + [q for q in perm if q not in held]
+    if strata is None:
+        logical = [perm[i:i + g] for i in range(0, num_parts, g)]
+    else:
+        first = stratified_groups(carry, g, strata, rng)
+        rest = stratified_groups(perm[len(carry):], g, strata, rng)
+        logical = first + [rest[i] for i in rng.permutation(len(rest)).tolist()]
     cl = max(1, c // g)
     resident = list(range(min(cl, len(logical))))
     states = [sorted(q for lp in resident for q in logical[lp])]
@@ -109,11 +178,14 @@ def comet_states(num_parts: int, capacity: int, rng: np.random.Generator,
 
 
 def node_states(ordering: str, num_parts: int, capacity: int, rng: np.random.Generator,
-                group: int | None = None, start: list[int] | None = None) -> list[list[int]]:
+                group: int | None = None, start: list[int] | None = None,
+                strata: np.ndarray | None = None) -> list[list[int]]:
     """States of one epoch for node classification under ``ordering`` (``sequential``|``comet``).
 
     ``start`` is the set resident when the epoch begins (the previous epoch's last state): the
-    sequential window then runs backwards from it (a snake), COMET starts from it.
+    sequential window then runs backwards from it (a snake), COMET starts from it.  ``strata``
+    ([P, K] training nodes per partition and class) stratifies COMET's grouping; the sequential
+    window has no grouping and ignores it.
     """
     if ordering == "sequential":
         st = sequential_states(num_parts, capacity)
@@ -121,7 +193,7 @@ def node_states(ordering: str, num_parts: int, capacity: int, rng: np.random.Gen
             st = st[::-1]
         return st
     if ordering == "comet":
-        return comet_states(num_parts, capacity, rng, group, start)
+        return comet_states(num_parts, capacity, rng, group, start, strata)
     raise ValueError(f"unknown ordering {ordering!r}; choose from {', '.join(ORDERINGS)}")
 
 

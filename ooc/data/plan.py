@@ -29,8 +29,8 @@ from ooc.contracts import Plan
 from ooc.data.ordering import assign_buckets, beta_states, node_states
 
 __all__ = ["plan_exact", "plan_own", "plan_states", "plan_cluster_states", "plan_bucket_states",
-           "upcoming_of", "shard_plan", "deal_stratified", "plan_classes", "FREE_LANES",
-           "STRATIFY_CANDIDATES", "PACE_WEIGHT"]
+           "upcoming_of", "shard_plan", "deal_stratified", "plan_classes", "class_strata",
+           "FREE_LANES", "STRATIFY_CANDIDATES", "PACE_WEIGHT"]
 
 #: Lanes of a hybrid plan's free seeds (``mix``): every batch takes its free seeds from each, so
 #: they come from up to this many partitions (one or two per lane, for coalesced reads).
@@ -106,10 +106,12 @@ def plan_states(train_ids: np.ndarray, part_of: np.ndarray, num_parts: int, stat
             batch's come from every lane -- up to that many partitions, one or two per lane -- and
             their misses coalesce within each.
         classes: int64 [T] the class of each training node (single-label node classification;
-            negative: unlabelled) or None.  Given with ``mix``, the free seeds are dealt by
-            :func:`deal_stratified` instead of the lanes: each batch takes them, still from about
-            :data:`FREE_LANES` partitions, from the partitions whose free seeds best fill its
-            classes' shortfall against the training set's class mix (stratified batches: where
+            negative: unlabelled) or None.  Given, COMET groups partitions into logical ones
+            stratified by class (:func:`ooc.data.ordering.stratified_groups`), so each state's
+            seeds are near the training set's class mix.  Given with ``mix``, the free seeds
+            are dealt by :func:`deal_stratified` instead of the lanes: each batch takes them,
+            still from about :data:`FREE_LANES` partitions, from the partitions whose free seeds
+            best fill its classes' shortfall against the training set's class mix (stratified batches: where
             partitions follow classes, a state's seeds are a few classes, and a model trained on
             such runs of batches ends each epoch fitted to the last ones).
 
@@ -127,7 +129,8 @@ def plan_states(train_ids: np.ndarray, part_of: np.ndarray, num_parts: int, stat
         p = plan_exact(train_ids, batch_size, seed, epoch)
         return Plan(p.batches, [0] * len(p.batches), [list(range(num_parts))], [[]])
     rng = np.random.default_rng([seed, epoch, 0xB0FF])
-    states = node_states(ordering, num_parts, state_slots, rng, group, start)
+    strata = None if classes is None else class_strata(part_of, classes, num_parts)
+    states = node_states(ordering, num_parts, state_slots, rng, group, start, strata)
     holders: list[list[int]] = [[] for _ in range(num_parts)]
     for k, st in enumerate(states):
         for p in st:
@@ -225,6 +228,16 @@ def plan_states(train_ids: np.ndarray, part_of: np.ndarray, num_parts: int, stat
             cuts[i] = c[rng.permutation(c.shape[0])]
     batches = [train_ids[c] for c in cuts]
     return Plan(batches, batch_state, states, upcoming_of(states))
+
+
+def class_strata(part_of: np.ndarray, classes: np.ndarray, num_parts: int) -> np.ndarray:
+    """int64 [P, K+1]: training nodes per partition (``part_of``: int64 [T]) and class
+    (``classes``: int64 [T]; column 0 counts the unlabelled, negative ones, column ``c + 1`` class
+    ``c``) -- the strata :func:`ooc.data.ordering.comet_states` groups partitions by."""
+    cls = np.where(np.asarray(classes) < 0, -1, np.asarray(classes)).astype(np.int64) + 1
+    k = int(cls.max()) + 1 if cls.size else 1
+    flat = np.asarray(part_of, dtype=np.int64) * k + cls
+    return np.bincount(flat, minlength=num_parts * k).reshape(num_parts, k)
 
 
 def plan_classes(labels: np.ndarray | None, ids: np.ndarray) -> np.ndarray | None:
