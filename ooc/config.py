@@ -168,7 +168,8 @@ class TrainConfig:
                               "partition slots and cache, e.g. 4GB (empty: sizes from "
                               "--buffer-partitions / --cache-size)", size=True)
     ordering: str = _opt("comet", "data", "buffer/hybrid partition ordering: sequential or comet "
-                         "(two-level randomised)", choices=("sequential", "comet"))
+                         "(two-level randomised; partitions grouped by the training nodes' classes "
+                         "where each has one)", choices=("sequential", "comet"))
     hybrid_mix: float = _opt(0.25, "data", "hybrid: fraction of each batch's seeds drawn from all "
                              "training nodes instead of the resident partitions (closer to i.i.d. "
                              "batches, more reads); 0 = seeds of resident partitions only")

@@ -448,7 +448,7 @@ def add_bench_ooc(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--nodes", type=int, default=4_000_000)
     p.add_argument("--feat-dim", type=int, default=256)
     p.add_argument("--parts", type=int, default=256,
-                   help="METIS partitions: many small ones, grouped at random into buffer states")
+                   help="METIS partitions: many small ones, grouped into buffer states (COMET)")
     p.add_argument("--budget", action=SizeAction, empty=True, default="",
                    help="default: dataset bytes / 3")
     p.add_argument("--epochs", type=int, default=2)
