@@ -189,8 +189,11 @@ BENCH_MODES = ("exact", "buffer", "hybrid", "hybrid-pq")
 
 def check_modes(modes: list[str], allowed: tuple[str, ...] = BENCH_MODES) -> None:
     """Raises ValueError naming a ``--modes`` entry that is not one of ``allowed`` or a hybrid one
-    of them with ``:MIX`` (its ``--hybrid-mix``, in ``[0, 1)``)."""
+    of them with ``:MIX`` (its ``--hybrid-mix``, in ``[0, 1)``), or listed twice (its runs would
+    share one folder)."""
     for spec in modes:
+        if modes.count(spec) > 1:
+            raise ValueError(f"--modes entry {spec!r} is listed twice")
         mode, sep, mix = spec.partition(":")
         if mode not in allowed or (sep and not mode.startswith("hybrid")):
             raise ValueError(f"--modes entry {spec!r}: use {', '.join(allowed)}, or a hybrid "

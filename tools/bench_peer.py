@@ -259,7 +259,11 @@ def print_table(res: dict) -> None:
 def _cmd(a: argparse.Namespace) -> int:
     from ooc.tools import bench_ooc
     bench_ooc._DROP = not a.no_drop_caches
-    res = run_bench_peer(a)
+    try:
+        res = run_bench_peer(a)
+    except RuntimeError as e:  # a run failed: its command and the end of its stderr, no traceback
+        print(f"ooc bench peer: {e}", file=sys.stderr)
+        return 1
     print_table(res)
     return 0
 

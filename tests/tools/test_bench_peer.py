@@ -37,3 +37,18 @@ def test_a_hybrid_mode_with_a_mix_adds_its_hybrid_mix() -> None:
     for bad in ("exact:0.1", "hybrid:1.5", "hybrid:x", "nope"):
         with pytest.raises(ValueError, match="--modes entry"):
             check_modes([bad], PEER_MODES)
+    with pytest.raises(ValueError, match="'hybrid:0.1' is listed twice"):
+        check_modes(["hybrid:0.1", "resident", "hybrid:0.1"], PEER_MODES)
+
+
+def test_a_failed_run_exits_1_with_its_command_and_no_traceback(monkeypatch, capsys) -> None:
+    import ooc.tools.bench_peer as bench_peer
+    ns = build_parser().parse_args(["bench", "peer", "DS", "--no-drop-caches"])
+
+    def fail(a):
+        raise RuntimeError("python -m ooc.tools.cli train DS failed:\nooc train: error: budget")
+    monkeypatch.setattr(bench_peer, "run_bench_peer", fail)
+    assert bench_peer._cmd(ns) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("ooc bench peer: python -m ooc.tools.cli train DS failed")
+    assert "ooc train: error: budget" in err and "Traceback" not in err
