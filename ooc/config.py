@@ -562,6 +562,9 @@ def validate_data_options(cfg: "TrainConfig") -> None:
                "buffer batches train seeds of the resident partitions only")
         raise ValueError(f"--hybrid-mix {cfg.hybrid_mix:g} applies to --mode hybrid only (got "
                          f"--mode {cfg.mode}: {why})")
+    if cfg.ordering != TrainConfig.ordering and cfg.mode == "exact":
+        raise ValueError(f"--ordering {cfg.ordering} orders the partition states of --mode buffer or "
+                         "hybrid (got --mode exact: its batches are drawn from all training nodes)")
     if cfg.miss_features == "auto" and not cfg.memory_budget:
         raise ValueError("--miss-features auto chooses by the budget split: give --memory-budget "
                          "(or choose --miss-features disk or pq)")

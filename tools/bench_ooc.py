@@ -425,11 +425,12 @@ def _cmd_bench_ooc(args: argparse.Namespace) -> int:
     global _DROP
     _DROP = not args.no_drop_caches
     work = Path(args.workdir)
-    check_modes(args.modes.split(","))
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    check_modes(modes)
     if not args.skip_synthetic:
         res = run_bench_ooc(work, args.nodes, args.feat_dim, args.parts,
                             parse_bytes(args.budget) if args.budget else None, args.epochs,
-                            args.modes.split(","), keep=args.keep or args.reuse, reuse=args.reuse,
+                            modes, keep=args.keep or args.reuse, reuse=args.reuse,
                             hybrid_mix=args.hybrid_mix, lr_schedule=args.lr_schedule,
                             devices=args.devices)
         _print_synthetic(res)

@@ -219,6 +219,16 @@ def test_hybrid_mix_is_refused_outside_hybrid_mode(planted_dataset: Path) -> Non
     _cfg(planted_dataset, mode="hybrid", hybrid_mix=0.9)
 
 
+def test_an_ordering_is_refused_in_exact_mode(planted_dataset: Path) -> None:
+    """Exact mode has no partition states to order: ``--ordering sequential`` is refused there
+    (it was ignored without a word) and accepted by buffer and hybrid."""
+    with pytest.raises(ValueError, match="--ordering sequential orders the partition states of "
+                                         "--mode buffer or hybrid \\(got --mode exact"):
+        _cfg(planted_dataset, mode="exact", ordering="sequential")
+    for mode in ("buffer", "hybrid"):
+        _cfg(planted_dataset, mode=mode, ordering="sequential")
+
+
 def test_buffer_mode_predicts_partition_loads_only(planted_dataset: Path) -> None:
     """Buffer mode samples inside the resident partitions: no misses and no list reads, only loads
     (every partition once per epoch when fewer than all are resident)."""
