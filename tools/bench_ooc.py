@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["write_planted_stream", "drop_caches", "dd_direct_bandwidth", "partition_load_bandwidth",
-           "BENCH_MODES", "check_modes", "run_bench_ooc", "run_planetoid_table", "add_bench_ooc"]
+           "BENCH_MODES", "check_modes", "parse_modes", "run_bench_ooc", "run_planetoid_table", "add_bench_ooc"]
 
 
 def write_planted_stream(out: str | Path, num_nodes: int, feat_dim: int = 128, num_classes: int = 16,
@@ -185,6 +185,14 @@ def _row(name: str, m: dict, base_epoch: float | None) -> dict:
 
 #: --modes entries (each optionally :MIX for hybrid runs)
 BENCH_MODES = ("exact", "buffer", "hybrid", "hybrid-pq")
+
+
+def parse_modes(text: str, allowed: tuple[str, ...] = BENCH_MODES) -> list[str]:
+    """The entries of a comma-separated ``--modes`` value, stripped, empty ones dropped, checked by
+    :func:`check_modes` (ValueError)."""
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    check_modes(modes, allowed)
+    return modes
 
 
 def check_modes(modes: list[str], allowed: tuple[str, ...] = BENCH_MODES) -> None:
@@ -425,8 +433,7 @@ def _cmd_bench_ooc(args: argparse.Namespace) -> int:
     global _DROP
     _DROP = not args.no_drop_caches
     work = Path(args.workdir)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    check_modes(modes)
+    modes = parse_modes(args.modes)
     if not args.skip_synthetic:
         res = run_bench_ooc(work, args.nodes, args.feat_dim, args.parts,
                             parse_bytes(args.budget) if args.budget else None, args.epochs,

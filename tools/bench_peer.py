@@ -159,17 +159,16 @@ def run_bench_peer(a: argparse.Namespace) -> dict:
         ValueError: an unknown ``--modes`` entry.
     """
     from ooc.storage.dataset import Dataset
-    from ooc.tools.bench_ooc import _ensure_pq, check_modes
+    from ooc.tools.bench_ooc import _ensure_pq, parse_modes
     from ooc.tools.bench_sample import _peer_python
-    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
-    check_modes(modes, PEER_MODES)
+    modes = parse_modes(a.modes, PEER_MODES)
     dataset = Path(a.dataset)
     if not dataset.is_dir():
         raise FileNotFoundError(f"{dataset}: no such dataset directory")
     peers = Path(a.peers_dir)
     py, why = _peer_python("dgl", a.dgl_python)
     if py is None:  # a one-line error (exit 2): the peer is not installed where we looked
-        raise FileNotFoundError(why.replace("dgl skipped: ", "ooc bench peer needs DGL: ", 1))
+        raise FileNotFoundError(f"ooc bench peer needs DGL: {why}")
     work = Path(a.workdir)
     work.mkdir(parents=True, exist_ok=True)
     ds = Dataset(dataset)

@@ -141,7 +141,7 @@ def _peer_python(kind: str, explicit: str | None) -> tuple[str | None, str]:
                            capture_output=True)
         if r.returncode == 0:
             return py, ""
-    return None, (f"{kind} skipped: no interpreter with {module} (tried {', '.join(cands)}); "
+    return None, (f"no interpreter with {module} (tried {', '.join(cands)}); "
                   f"install it as docs/benchmarks.md says and pass --{kind}-python or ${env}")
 
 
@@ -250,7 +250,7 @@ def bench_sample(args: argparse.Namespace) -> dict:
         for kind in ("dgl", "pyg"):
             py, why = _peer_python(kind, getattr(args, f"{kind}_python"))
             if py is None:
-                print(f"  {why}", flush=True)
+                print(f"  {kind} skipped: {why}", flush=True)
                 g["samplers"][kind] = {"skipped": why}
                 continue
             try:

@@ -406,12 +406,10 @@ def _print_summary(m: dict) -> None:
     sa = m.get("sample_ahead", 0)
     sampled = (f", {sa} batch{'' if sa == 1 else 'es'} sampled ahead on their own thread" if sa
                else ", batches sampled on the loader thread")
-    knobs = ([f"--hybrid-mix {m['hybrid_mix']:g}"] if m["mode"] == "hybrid" and "hybrid_mix" in m
-             else [])
-    ordering = m.get("config", {}).get("ordering")
-    if m["mode"] in ("buffer", "hybrid") and ordering:
-        knobs.append(f"--ordering {ordering}")
-    mix = f" ({', '.join(knobs)})" if knobs else ""
+    knobs = {"hybrid": f" (--hybrid-mix {m['config']['hybrid_mix']:g}, --ordering "
+                       f"{m['config']['ordering']})",
+             "buffer": f" (--ordering {m['config']['ordering']})"}
+    mix = knobs.get(m["mode"], "")
     print(f"data path     mode {m['mode']}{mix}{topo}, {budget}{lowered}{staging}; {slots} of "
           f"{b['num_parts']} ({b['state_slots']} resident per state), swaps {m['swaps']}, cache "
           f"{_human(m['cache_bytes'])}{ahead}{sampled}, runtime overhead "
