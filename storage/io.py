@@ -1072,20 +1072,51 @@ class NeighborReader:
             cold = np.flatnonzero(deg > 0)
         self.lists_hot += hits
         self.lists_disk += int(cold.shape[0])
-        if cold.shape[0]:
-            cold = cold[np.argsort(nodes[cold], kind="stable")]  # file order: rows come sorted
-            cum = np.cumsum(deg[cold])
-            a = 0
-            while a < cold.shape[0]:  # pieces of at most chunk_edges ids (one list at least)
-                base = int(cum[a - 1]) if a else 0
-                b = max(a + 1, int(np.searchsorted(cum, base + self.chunk_edges, side="right")))
-                piece = cold[a:b]
-                rows = np.empty(int(cum[b - 1]) - base, dtype=np.int64)
-                _list_rows(self.indptr, nodes[piece], rows)
-                got, _ = self._rows.gather(rows)
-                _place_lists(ptr, piece, got, out)
-                a = b
+        for piece, rows in self._pieces(nodes, deg, cold):
+            got, _ = self._rows.gather(rows)
+            _place_lists(ptr, piece, got, out)
         return ptr, out
+
+    def _pieces(self, nodes: np.ndarray, deg: np.ndarray, cold: np.ndarray):
+        """The gathers of :meth:`read` for the positions ``cold`` of ``nodes`` (lists read from
+        disk): ``(positions int64 [k], row ids int64 [sum of their degrees])`` in file order, at
+        most ``chunk_edges`` ids each (one list at least)."""
+        if not cold.shape[0]:
+            return
+        cold = cold[np.argsort(nodes[cold], kind="stable")]  # file order: rows come sorted
+        cum = np.cumsum(deg[cold])
+        a = 0
+        while a < cold.shape[0]:
+            base = int(cum[a - 1]) if a else 0
+            b = max(a + 1, int(np.searchsorted(cum, base + self.chunk_edges, side="right")))
+            piece = cold[a:b]
+            rows = np.empty(int(cum[b - 1]) - base, dtype=np.int64)
+            _list_rows(self.indptr, nodes[piece], rows)
+            yield piece, rows
+            a = b
+
+    def plan_reads(self, nodes: np.ndarray, hot_bits: np.ndarray | None = None) -> tuple[int, int]:
+        """``(bytes, requests)`` that :meth:`read` of ``nodes`` would read from disk, without
+        reading: the same pieces coalesced by the same :meth:`DiskRows.plan` (alignment, gap,
+        request cap), so a prediction counts what the reader's counters will.
+
+        Args:
+            nodes: int64 [n] node ids in ``[0, N)`` (as :meth:`read`; not range-checked).
+            hot_bits: uint64 [ceil(N / 64)] bitmap of lists served from memory (node ``v``: bit
+                ``v % 64`` of word ``v // 64``, as :meth:`HotLists.select`); None: none (the
+                reader's own :attr:`hot` is not consulted).
+        """
+        nodes = np.ascontiguousarray(nodes, dtype=np.int64)
+        deg = self.indptr[nodes + 1] - self.indptr[nodes]
+        keep = deg > 0
+        if hot_bits is not None and nodes.shape[0]:
+            keep &= ((hot_bits[nodes >> 6] >> (nodes & 63).astype(np.uint64)) & np.uint64(1)) == 0
+        nbytes = requests = 0
+        for _, rows in self._pieces(nodes, deg, np.flatnonzero(keep)):
+            _, _, size, _ = self._rows.plan(np.unique(rows))
+            nbytes += int(size.sum())
+            requests += int(size.shape[0])
+        return nbytes, requests
 
     def reset_stats(self) -> None:
         """Zero the byte, request and list counters."""

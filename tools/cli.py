@@ -417,7 +417,10 @@ def _print_summary(m: dict) -> None:
     split = m.get("split")
     if split:
         per_epoch = [h["train_bytes_read"] for h in hist if "train_bytes_read" in h]
-        real = (f"; measured {_human(int(sum(per_epoch) / len(per_epoch)))} (mean over "
+        reqs = [h["train_read_requests"] for h in hist if "train_read_requests" in h]
+        in_reqs = (f" in {int(sum(reqs) / len(reqs)):,} requests"
+                   if reqs and len(reqs) == len(per_epoch) else "")
+        real = (f"; measured {_human(int(sum(per_epoch) / len(per_epoch)))}{in_reqs} (mean over "
                 f"{len(per_epoch)} epoch{'s' if len(per_epoch) > 1 else ''})") if per_epoch else ""
         tried = len(split["candidates"])
         refused = sum(1 for c in split["candidates"] if c.get("refused"))

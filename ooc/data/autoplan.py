@@ -21,28 +21,31 @@ no-deduplication bound ``batch * prod(1 + fanout)`` (which for Cora is the whole
 
 Cost model (per training epoch of the whole job, an estimate, printed with the plan; the run's
 metrics record the real bytes read): rows a batch needs that are neither in its state's partitions
-nor in the row cache are read (one request each, a 4 KiB page at least with O_DIRECT); with PQ only
-the inner hops' misses are read; the row cache's hit ratio follows Che's approximation of an LRU
-cache with each node asked for in proportion to its degree (a node is drawn as an in-neighbour about
-in proportion to its out-degree, equal to its in-degree in graphs stored in both directions); partition
-loads read each loaded partition once; with the topology on disk every list of every hop but the
-last is one request of at least one page, except the lists of the hot set (``--hot-topology``;
-``auto`` tries a few sizes, each the set :class:`~ooc.storage.io.HotLists` would build).  With a read-ahead window of W batches
-(:class:`ooc.data.lookahead.ReadAhead`) the misses are read once per window instead: W batches'
-misses (at most every node), a page each with O_DIRECT, at most the whole feature file, in requests of
-``MISS_RUN_BYTES``.  Seconds = bytes / :data:`DISK_BYTES_PER_S` + requests x
-:data:`REQUEST_S` (O_DIRECT with 32 requests in flight on this project's development VM; with
+nor in the row cache are read, at the bytes and requests per row that the run's reader plans for
+the probed batches' misses (:meth:`~ooc.storage.io.DiskRows.plan`: sorted, coalesced, whole 4 KiB
+pages and holes up to ``--io-gap`` with O_DIRECT, the bytes asked for with buffered reads); with PQ
+only the inner hops' misses are read; the row cache's hit ratio follows Che's approximation of an
+LRU cache with each node asked for in proportion to its degree (a node is drawn as an in-neighbour
+about in proportion to its out-degree, equal to its in-degree in graphs stored in both directions),
+plus the misses that fill it once per job;
+partition loads read each loaded partition once; with the topology on disk the list reads are the
+probed batches' own, planned by the run's list reader
+(:meth:`~ooc.storage.io.NeighborReader.plan_reads`: lists sharing a page or within the gap share a
+request), without the lists of the hot set (``--hot-topology``; ``auto`` tries a few sizes, each the
+set :class:`~ooc.storage.io.HotLists` would build).  With a read-ahead window of W batches
+(:class:`ooc.data.lookahead.ReadAhead`) the misses are read once per window instead: the union of
+W probed batches' misses as the reader plans it, at most the whole feature file.  Seconds =
+bytes / :data:`DISK_BYTES_PER_S` + requests x :data:`REQUEST_S` (O_DIRECT with 32 requests in flight on this project's development VM; with
 the default 128 a request costs about half that there, which the constant does not follow).  Buffer
 mode samples inside the resident partitions: it reads only its partition loads (their in-edges too
 with the topology on disk).  Splits within :data:`TIE` (10%) of each other are ranked by partition
 slots (more first), then by the order tried (memory before disk, no PQ before PQ, no cache first).
-With O_DIRECT a miss is charged a whole page; the reader's merging of nearby rows (``--io-gap``)
-made it about half a page on the 2 M-node bench, so absolute predictions run high there.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Callable
@@ -55,7 +58,7 @@ from ooc.kernels.disk_sampling import sample_blocks_lists
 from ooc.kernels.rng import batch_key
 from ooc.kernels.sampling import SampledSubgraph
 from ooc.storage.dataset import Dataset
-from ooc.storage.io import MISS_RUN_BYTES, HotLists, NeighborReader
+from ooc.storage.io import DiskRows, HotLists, NeighborReader
 from ooc.util.sizes import format_bytes
 
 if TYPE_CHECKING:
@@ -94,7 +97,6 @@ TIE = 0.10
 #: Evaluation batches whose no-deduplication bound exceeds this many rows are not probed (their
 #: full neighbourhoods would take long to read); the bound is used.
 PROBE_EVAL_MAX_ROWS = 4_000_000
-_PAGE = 4096
 
 
 @dataclass(frozen=True)
@@ -225,15 +227,43 @@ class SplitChoice:
 
 
 # ------------------------------------------------------------------------------------------ probe
-class ListProbe:
-    """Samples batches over the dataset's on-disk lists (whatever the run's ``--topology``)."""
+def list_reader(ds: Dataset, indptr: np.ndarray, cfg: "TrainConfig") -> NeighborReader:
+    """The run's reader of on-disk neighbour lists (``--direct-io``, ``--io-depth``,
+    ``--io-gap``); the probe opens the same, so its planned reads are the run's."""
+    return NeighborReader(ds.raw("indices"), indptr, direct=cfg.direct_io,
+                          # buffered list reads are mostly page-cache hits (CPU-bound): at most
+                          # a thread per core
+                          threads=max(1, min(8, cfg.io_depth, os.cpu_count() or 1)),
+                          aio_depth=max(1, cfg.io_depth),
+                          gap=cfg.io_gap if cfg.direct_io else None)
 
-    def __init__(self, ds: Dataset, indptr: np.ndarray, direct: bool) -> None:
+
+def feature_rows(ds: Dataset, cfg: "TrainConfig", threads: int | None = None) -> DiskRows:
+    """The run's reader of feature rows from disk (``--direct-io``, ``--io-depth``,
+    ``--io-gap``); ``threads`` default ``min(8, io_depth)``."""
+    return DiskRows(ds.features, direct=cfg.direct_io,
+                    threads=max(1, min(8, cfg.io_depth)) if threads is None else threads,
+                    gap=cfg.io_gap if cfg.direct_io else 0, aio_depth=max(1, cfg.io_depth))
+
+
+class ListProbe:
+    """Samples batches over the dataset's on-disk lists (whatever the run's ``--topology``) with
+    the run's list reader, and plans (without reading) the run's feature reads.
+
+    Attributes:
+        fetched: the node arrays (int64) of each list read of the last :meth:`sample`, in order.
+        held_bytes: the most list bytes the last sample held at once (see :meth:`sample`).
+    """
+
+    def __init__(self, ds: Dataset, indptr: np.ndarray, cfg: "TrainConfig") -> None:
         self.ds = ds
+        self.cfg = cfg
         self.n = ds.num_nodes
-        self.reader = NeighborReader(ds.raw("indices"), indptr, direct=direct)
+        self.reader = list_reader(ds, indptr, cfg)
         self.indptr = indptr
         self.held_bytes = 0
+        self.fetched: list[np.ndarray] = []
+        self._feats: DiskRows | None = None
 
     def sample(self, seeds: np.ndarray, fanouts: list[int], key: int,
                replace: bool) -> SampledSubgraph:
@@ -241,10 +271,12 @@ class ListProbe:
         :attr:`held_bytes` is then the most list bytes the sample held at once (an upper bound:
         one fetch per inner hop, kept, then the last hop's pieces one at a time)."""
         sizes: list[int] = []
+        self.fetched = []
 
         def fetch(nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             ptr, ids = self.reader.read(nodes)
             sizes.append(ids.nbytes + ptr.nbytes)
+            self.fetched.append(np.array(nodes, dtype=np.int64))
             return ptr, ids
 
         sg = sample_blocks_lists(fetch, self.n, seeds, fanouts, np.uint64(key), replace)
@@ -252,8 +284,20 @@ class ListProbe:
         self.held_bytes = sum(sizes[:inner]) + max(sizes[inner:], default=0)
         return sg
 
+    def plan_feature_reads(self, rows: np.ndarray) -> tuple[int, int]:
+        """``(bytes, requests)`` the run's feature reader would read for the rows ``rows``
+        (int64, any order, duplicates allowed) in one gather: :meth:`DiskRows.plan`, no I/O."""
+        if rows.shape[0] == 0 or not self.ds.has("features"):
+            return 0, 0
+        if self._feats is None:
+            self._feats = feature_rows(self.ds, self.cfg, threads=1)
+        _, _, size, _ = self._feats.plan(np.unique(rows))
+        return int(size.sum()), int(size.shape[0])
+
     def close(self) -> None:
         self.reader.close()
+        if self._feats is not None:
+            self._feats.close()
 
 
 def _evenly(k: int, m: int) -> list[int]:
@@ -281,7 +325,7 @@ def probe_extents(cfg: "TrainConfig", ds: Dataset, probe: "ListProbe | None" = N
     if cfg.sampler != "neighbor" or cfg.task != "node" or n == 0:
         return Extents(*tb, *eb)
     own = probe is None
-    probe = probe or ListProbe(ds, ds.indptr, cfg.direct_io)
+    probe = probe or ListProbe(ds, ds.indptr, cfg)
     try:
         def measure(ids: np.ndarray, bs: int, fanouts: list[int], bound: tuple[int, int],
                     salt: int) -> tuple[int, int, bool, tuple[int, int]]:
@@ -318,18 +362,53 @@ def probe_extents(cfg: "TrainConfig", ds: Dataset, probe: "ListProbe | None" = N
 @dataclass
 class _StateStats:
     """Probed batches of a plan with a given state size: per batch its input rows, the rows in the
-    state's partitions, the not-resident rows reached only by the last hop, lists fetched and the
-    pages they span; the partitions loaded in the epoch."""
+    state's partitions, the not-resident rows reached only by the last hop, and the feature reads
+    its not-resident rows plan to (all of them, and those of the inner hops only: with PQ the
+    last hop's are decoded), in bytes and requests; each batch's list reads (the node arrays of
+    its fetches); the partitions loaded in the epoch."""
 
     rows: np.ndarray
     resident: np.ndarray
     outer_miss: np.ndarray
-    lists: np.ndarray
-    list_pages: np.ndarray
-    loads_per_epoch: int
-    #: every probed batch's list reads: the nodes (int64, concatenated) and each list's pages
-    list_nodes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    list_node_pages: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    loads_per_epoch: float
+    #: per probed batch its not-resident rows (sorted int64), all of them and the inner hops' only
+    misses: list[np.ndarray] = field(default_factory=list)
+    inner_misses: list[np.ndarray] = field(default_factory=list)
+    fetches: list[list[np.ndarray]] = field(default_factory=list)
+    _list_reads: dict = field(default_factory=dict)
+    _miss_reads: dict = field(default_factory=dict)
+
+    def miss_reads(self, probe: ListProbe, window: int, inner: bool) -> tuple[float, float, float]:
+        """``(rows, bytes, requests)`` per gather of the misses of ``window`` consecutive probed
+        batches together (1: each batch's own gather; a read-ahead window's otherwise), as the
+        run's feature reader plans them (:meth:`ListProbe.plan_feature_reads`), mean over the
+        groups; ``inner``: the inner hops' misses only (PQ decodes the last hop's)."""
+        key = (window, inner)
+        if key not in self._miss_reads:
+            arrays = self.inner_misses if inner else self.misses
+            w = max(1, min(window, len(arrays)))
+            got = []
+            for a in range(0, len(arrays) - w + 1, w):
+                rows = np.unique(np.concatenate(arrays[a:a + w])) if w > 1 else arrays[a]
+                got.append((rows.shape[0], *probe.plan_feature_reads(rows)))
+            mean = np.asarray(got, dtype=np.float64).mean(axis=0) if got else np.zeros(3)
+            self._miss_reads[key] = (float(mean[0]) * window / w, float(mean[1]) * window / w,
+                                     float(mean[2]) * window / w)
+        return self._miss_reads[key]
+
+    def list_reads(self, probe: ListProbe, hot_bits: np.ndarray | None, key: int = 0
+                   ) -> tuple[int, int]:
+        """``(bytes, requests)`` of the probed batches' list reads without the lists in
+        ``hot_bits`` (:meth:`NeighborReader.plan_reads`), remembered under ``key`` (the hot
+        set's size)."""
+        if key not in self._list_reads:
+            nb = rq = 0
+            for fetched in self.fetches:
+                for nodes in fetched:
+                    b, r = probe.reader.plan_reads(nodes, hot_bits)
+                    nb, rq = nb + b, rq + r
+            self._list_reads[key] = (nb, rq)
+        return self._list_reads[key]
 
 
 def _state_probe_batches(cfg: "TrainConfig", num_nodes: int) -> int:
@@ -345,51 +424,58 @@ def _state_probe_batches(cfg: "TrainConfig", num_nodes: int) -> int:
 
 
 def _probe_states(cfg: "TrainConfig", ds: Dataset, probe: ListProbe, offsets: np.ndarray,
-                  state_slots: int, group: int) -> _StateStats:
+                  state_slots: int, group: int, slots: int) -> _StateStats:
+    """Probe the epoch-0 plan of ``state_slots`` partitions per buffer state (COMET ``group``)
+    in ``slots`` partition slots: a batch's rows are resident in its state's partitions and in
+    the upcoming partitions the spare slots prefetch (:meth:`BufferManager.require`); in exact
+    mode the first ``slots`` partitions are resident throughout (static residency), loaded once
+    per job."""
     ids = ds.split("train")
     num_parts = offsets.shape[0] - 1
     part_of = np.searchsorted(offsets, ids, side="right") - 1
+    slots = min(slots, num_parts)
     if cfg.mode == "exact" or state_slots >= num_parts:
         plan = plan_exact(ids, cfg.batch_size, cfg.seed, 0)
-        states: list[list[int]] = [list(range(num_parts))] if state_slots >= num_parts else [[]]
+        held = list(range(num_parts if state_slots >= num_parts else slots))
+        states: list[list[int]] = [held]
         batch_state = [0] * len(plan.batches)
+        upcoming: list[list[int]] = [[]]
     else:
         plan = plan_states(ids, part_of, num_parts, state_slots, cfg.batch_size, cfg.seed, 0,
                            cfg.ordering, group, None,
                            mix=cfg.hybrid_mix if cfg.mode == "hybrid" else 0.0,
                            classes=plan_classes(ds.labels if ds.has("labels") else None, ids))
-        states, batch_state = plan.states, plan.batch_state
-    loads = sum(len(set(s) - set(states[i - 1] if i else [])) for i, s in enumerate(states))
+        states, batch_state, upcoming = plan.states, plan.batch_state, plan.upcoming
+    loads = float(sum(len(set(s) - set(states[i - 1] if i else [])) for i, s in enumerate(states)))
+    if cfg.mode == "exact":
+        loads /= max(cfg.epochs, 1)
     if cfg.mode == "buffer":  # no misses and no list reads: only the loads matter
         empty = np.zeros(0, dtype=np.int64)
-        return _StateStats(empty, empty, empty, empty, empty, int(loads))
-    itemsize = ds.raw("indices").dtype.itemsize
-    ip = probe.indptr
-    out: dict[str, list] = {k: [] for k in ("rows", "resident", "outer", "lists", "pages")}
-    list_nodes: list[np.ndarray] = []
-    list_pages: list[np.ndarray] = []
+        return _StateStats(empty, empty, empty, loads)
+    out: dict[str, list] = {k: [] for k in ("rows", "resident", "outer")}
+    misses: list[np.ndarray] = []
+    inner_misses: list[np.ndarray] = []
+    fetches: list[list[np.ndarray]] = []
     for i in _evenly(_state_probe_batches(cfg, ds.num_nodes), len(plan.batches)):
         sg = probe.sample(plan.batches[i], list(cfg.fanouts), batch_key(cfg.seed, 0, i), cfg.replace)
         nodes = sg.nodes
         inner = sg.blocks[0].num_dst if sg.blocks else nodes.shape[0]  # nodes of every hop but the last
         resident = np.zeros(num_parts, dtype=bool)
-        st = states[batch_state[i]] if batch_state[i] >= 0 else []
-        resident[list(st)] = True
+        k = batch_state[i]
+        if k >= 0:
+            state = list(dict.fromkeys(int(p) for p in states[k]))
+            spare = [int(q) for q in upcoming[k] if int(q) not in state] if k < len(upcoming) else []
+            resident[state + spare[:max(slots - len(state), 0)]] = True
         res = resident[np.searchsorted(offsets, nodes, side="right") - 1]
         out["rows"].append(nodes.shape[0])
         out["resident"].append(int(res.sum()))
         out["outer"].append(int((~res[inner:]).sum()))
-        lists = nodes[:inner]
-        nbytes = (ip[lists + 1] - ip[lists]) * itemsize
-        pages = np.maximum(1, -(-nbytes // _PAGE))
-        out["lists"].append(inner)
-        out["pages"].append(int(pages.sum()))
-        list_nodes.append(np.asarray(lists, dtype=np.int64))
-        list_pages.append(pages.astype(np.int64, copy=False))
+        misses.append(np.sort(nodes[~res]).astype(np.int64, copy=False))
+        inner_misses.append(np.sort(nodes[:inner][~res[:inner]]).astype(np.int64, copy=False))
+        fetches.append(probe.fetched)
     arr = {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
-    cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, dtype=np.int64))
-    return _StateStats(arr["rows"], arr["resident"], arr["outer"], arr["lists"], arr["pages"],
-                       int(loads), cat(list_nodes), cat(list_pages))
+    return _StateStats(arr["rows"], arr["resident"], arr["outer"], loads, misses, inner_misses,
+                       fetches)
 
 
 def _cache_hit(degrees: np.ndarray, misses_per_batch: float, cache_rows: int) -> float:
@@ -429,24 +515,16 @@ def _cache_hit(degrees: np.ndarray, misses_per_batch: float, cache_rows: int) ->
     return float((cnt * lam * -np.expm1(-lam * t)).sum() / (cnt * lam).sum())
 
 
-def _hot_share(st: _StateStats, hot_bits: np.ndarray | None) -> tuple[float, float]:
-    """Fractions ``(lists, pages)`` of the probed list reads that a hot set (bitmap of
-    :class:`~ooc.storage.io.HotLists`) serves from memory."""
-    if hot_bits is None or st.list_nodes.shape[0] == 0:
-        return 0.0, 0.0
-    v = st.list_nodes
-    hot = ((hot_bits[v >> 6] >> (v & 63).astype(np.uint64)) & np.uint64(1)).astype(bool)
-    return float(hot.mean()), float(st.list_node_pages[hot].sum() / max(st.list_node_pages.sum(), 1))
-
-
 def _epoch_cost(cfg: "TrainConfig", ds: Dataset, st: _StateStats, plan: BudgetPlan, topology: str,
-                pq: bool, degrees: np.ndarray, hot_bits: np.ndarray | None = None) -> ReadCost:
-    """Predicted reads of one training epoch (see the module docstring); ``hot_bits``: the hot
-    lists' bitmap with the topology on disk (their reads are not charged)."""
+                pq: bool, degrees: np.ndarray, probe: ListProbe,
+                hot_bits: np.ndarray | None = None, hot: int = 0) -> ReadCost:
+    """Predicted reads of one training epoch (see the module docstring); with the topology on
+    disk the probed batches' list reads are planned by ``probe``'s reader without the lists in
+    ``hot_bits`` (the hot set of ``hot`` bytes)."""
     num_batches = -(-ds.split("train").shape[0] // max(cfg.batch_size, 1))
     probed = max(st.rows.shape[0], 1)
     row_bytes = ds.features.row_bytes if ds.has("features") else 0
-    cost = ReadCost()
+    parts: dict[str, ReadCost] = {}
     if cfg.mode == "buffer":  # samples inside the resident partitions: loads only, lists included
         if plan.slots < plan.num_parts:
             loads = float(st.loads_per_epoch)
@@ -459,26 +537,34 @@ def _epoch_cost(cfg: "TrainConfig", ds: Dataset, st: _StateStats, plan: BudgetPl
     if row_bytes:
         misses = (st.rows - st.resident).sum() / probed * num_batches
         read_misses = misses - (st.outer_miss.sum() / probed * num_batches if pq else 0.0)
-        per = max(row_bytes, _PAGE) if cfg.direct_io else row_bytes
         if plan.read_ahead >= 2 and plan.slots < plan.num_parts:  # one gather per window
             windows = -(-num_batches // plan.read_ahead)
-            rows = min(float(ds.num_nodes), read_misses / max(num_batches, 1) * plan.read_ahead)
-            wbytes = min(float(ds.features.nbytes), rows * per)
-            cost += ReadCost(windows * wbytes, windows * max(1.0, wbytes / MISS_RUN_BYTES))
+            _, wbytes, wreqs = st.miss_reads(probe, plan.read_ahead, pq)
+            scale = min(1.0, float(ds.features.nbytes) / wbytes) if wbytes else 1.0
+            parts["misses"] = ReadCost(windows * wbytes * scale, windows * wreqs * scale)
         else:
+            # bytes and requests per missed row as the reader plans the probed batches' gathers
+            rows, nbytes, reqs = st.miss_reads(probe, 1, pq)
+            per = nbytes / rows if rows else float(row_bytes)
+            per_request = reqs / rows if rows else 1.0
             hit = _cache_hit(degrees, (st.rows - st.resident).sum() / probed, plan.cache_rows)
-            reads = read_misses * (1.0 - hit)
-            cost += ReadCost(reads * per, reads)
+            # steady-state misses, plus the cache's filling: each row it holds was first a miss
+            # (once per job: the cache stays warm across epochs)
+            reads = read_misses * (1.0 - hit) + min(float(plan.cache_rows), read_misses * hit) \
+                / max(cfg.epochs, 1)
+            parts["misses"] = ReadCost(reads * per, reads * per_request)
         if plan.slots:
             part_bytes = float(ds.num_nodes) / max(plan.num_parts, 1) * row_bytes
             loads = st.loads_per_epoch if plan.slots < plan.num_parts else \
                 plan.num_parts / max(cfg.epochs, 1)
-            cost += ReadCost(loads * part_bytes, loads * max(1.0, part_bytes / (1 << 20)))
+            parts["loads"] = ReadCost(loads * part_bytes, loads * max(1.0, part_bytes / (1 << 20)))
     if topology == "disk":
-        hot_lists, hot_pages = _hot_share(st, hot_bits)
-        cost += ReadCost(st.list_pages.sum() / probed * num_batches * _PAGE * (1.0 - hot_pages),
-                         st.lists.sum() / probed * num_batches * (1.0 - hot_lists))
-    return cost
+        nbytes, requests = st.list_reads(probe, hot_bits, hot)
+        parts["lists"] = ReadCost(nbytes / probed * num_batches, requests / probed * num_batches)
+    log.debug("predicted reads, %s: %s", topology if not hot else f"{topology}, hot {hot} B",
+              ", ".join(f"{k} {format_bytes(int(c.bytes))} in {int(c.requests):,} requests"
+                        for k, c in parts.items()))
+    return sum(parts.values(), ReadCost())
 
 
 def _better(cost: ReadCost, plan: BudgetPlan, best: SplitChoice) -> bool:
@@ -524,7 +610,7 @@ def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
     indptr = ds.indptr
     degrees = np.diff(indptr)
     own = probe is None
-    probe = probe or ListProbe(ds, indptr, cfg.direct_io)
+    probe = probe or ListProbe(ds, indptr, cfg)
     stats: dict[tuple[int, int], _StateStats] = {}
     best: SplitChoice | None = None
     tried: list[tuple[str, ReadCost | None, str]] = []
@@ -562,13 +648,14 @@ def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
                             # degrees and hot-list scores in a cycle past the return
                             last_err = err.with_traceback(None)
                         continue
-                    key = (plan.state_slots if plan.slots < plan.num_parts else plan.num_parts,
-                           plan.group)
+                    whole = plan.slots >= plan.num_parts
+                    key = (plan.num_parts if whole else plan.state_slots, plan.group,
+                           plan.num_parts if whole else plan.slots)
                     if cfg.mode == "exact":
-                        key = (plan.num_parts if plan.slots >= plan.num_parts else 0, 1)
+                        key = (plan.num_parts if whole else 0, 1, min(plan.slots, plan.num_parts))
                     if key not in stats:
-                        stats[key] = _probe_states(cfg, ds, probe, offsets, key[0], key[1])
-                    cost = _epoch_cost(cfg, ds, stats[key], plan, topo, pq, degrees, bits)
+                        stats[key] = _probe_states(cfg, ds, probe, offsets, *key)
+                    cost = _epoch_cost(cfg, ds, stats[key], plan, topo, pq, degrees, probe, bits, hot)
                     tried.append((label, cost, ""))
                     if best is None or _better(cost, plan, best):
                         best = SplitChoice(topo, pq, size, plan, cost, hot_topology=hot,

@@ -30,7 +30,6 @@ Budget (``--memory-budget``, per machine): :func:`ooc.data.budget.plan_budget`; 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -41,7 +40,7 @@ import torch
 from ooc.config import auto_layerwise_eval, read_ahead_batches, sample_ahead_batches
 from ooc.contracts import Batch, EdgePairs, Graph, Job, Plan, SingleProcess
 from ooc.data.autoplan import (AUTO_HOT_SHARES, Extents, ListProbe, ReadCost, SplitChoice,
-                               choose_split, probe_extents)
+                               choose_split, feature_rows, list_reader, probe_extents)
 from ooc.data.budget import (BudgetPlan, BudgetTooSmall, RssMonitor, mmap_threshold_for, plan_budget,
                              release_free_memory, tune_allocator)
 from ooc.data.buffer import BufferManager, make_buffer
@@ -63,7 +62,7 @@ from ooc.models import needs_loop_counts, to_torch_blocks
 from ooc.sampling.samplers import (NeighborSampler, Sampler, check_sampler, make_sampler,
                                   partition_clusters)
 from ooc.storage.dataset import Dataset
-from ooc.storage.io import DiskRows, HotLists, NeighborReader
+from ooc.storage.io import DiskRows, HotLists
 from ooc.util.sizes import format_bytes, parse_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -129,6 +128,7 @@ class DataPath:
         self.loader = Loader(buffer, budget.prefetch)
         if self.resident is not None:
             self.loader.on_state = self.resident.build
+        self._requests0 = 0  # the feature reader's request count at the last reset_stats
         self.shared_bytes = 0  # shared-memory segments of this machine (set by build_data_path)
         self.topology = cfg.topology  # resolved by build_data_path (--topology auto)
         self.split: SplitChoice | None = None
@@ -513,6 +513,7 @@ class DataPath:
             self.device_cache.reset_stats()
         for r in self.readers:
             r.reset_stats()
+        self._requests0 = self.buffer.features.counters.requests
         self.loader.stall_s = 0.0
 
     def device_cache_stats(self) -> dict:
@@ -536,6 +537,12 @@ class DataPath:
         ahead = self.readahead.bytes_read if self.readahead is not None else 0
         return int(self.buffer.stats.bytes_read + setup + ahead
                    + sum(r.counters.bytes_read for r in self.readers))
+
+    def requests_so_far(self) -> int:
+        """Read requests issued since the epoch's counters were last reset (feature gathers,
+        partition loads, read-ahead windows and lists), without resetting them."""
+        return int(self.buffer.features.counters.requests - self._requests0
+                   + sum(r.counters.requests for r in self.readers))
 
     def epoch_stats(self) -> dict:
         """The epoch's counters (then reset): bytes read (features and topology), buffer and cache
@@ -652,11 +659,7 @@ def _topology(cfg: "TrainConfig", where: str, ds: Dataset, job: Job,
             indices = ds.raw("indices").mmap()
     reader = None
     if indices is None:
-        # buffered list reads are mostly page-cache hits (CPU-bound): at most a thread per core
-        reader = NeighborReader(ds.raw("indices"), indptr, direct=cfg.direct_io,
-                                threads=max(1, min(8, cfg.io_depth, os.cpu_count() or 1)),
-                                aio_depth=max(1, cfg.io_depth),
-                                gap=cfg.io_gap if cfg.direct_io else None)
+        reader = list_reader(ds, indptr, cfg)
         if hot:  # the hottest lists in memory, one copy per machine
             fo = -1 if min(cfg.fanouts) < 0 else max(cfg.fanouts)
             reader.hot = HotLists.build(reader, hot, fo, lambda tag, shape, dtype, fill:
@@ -839,7 +842,7 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
                  cfg.optimizer)
     # one list sampler for the probes of the batch extents and of the split
     reuse = reuse if budget_bytes is not None else None
-    probe = ListProbe(ds, ds.indptr, cfg.direct_io) \
+    probe = ListProbe(ds, ds.indptr, cfg) \
         if budget_bytes is not None and reuse is None else None
     try:
         if reuse is not None:
@@ -993,8 +996,7 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
     labels = ds.labels if ds.has("labels") else np.zeros(ds.num_nodes, dtype=np.int32)
     feats: "DiskRows | NoFeatures" = NoFeatures(ds.num_nodes)
     if has_feats:
-        feats = DiskRows(ds.features, direct=cfg.direct_io, threads=max(1, min(8, cfg.io_depth)),
-                         gap=cfg.io_gap if cfg.direct_io else 0, aio_depth=max(1, cfg.io_depth))
+        feats = feature_rows(ds, cfg)
     cache = None
     rows_each = plan.cache_rows // max(job.local_world_size, 1)  # the ranks split the cache
     if rows_each > 0 and cfg.cache_policy != "none" and has_feats:

@@ -16,7 +16,7 @@ import numpy as np
 
 from ooc.features.cache import CachedFeature
 from ooc.features.pq import CompressedRows
-from ooc.storage.io import DiskRows
+from ooc.storage.io import DiskRows, IOCounters
 
 __all__ = ["MissRows", "NoFeatures", "StagedRows"]
 
@@ -49,6 +49,7 @@ class NoFeatures:
 
     def __init__(self, num_nodes: int) -> None:
         self.shape = (int(num_nodes), 0)
+        self.counters = IOCounters()  # stays at 0
 
     def span(self, start: int, stop: int) -> tuple[int, int, int]:
         """``(offset, bytes, shift)`` of a range: all 0."""

@@ -546,7 +546,8 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
                          "stall_s": acc["stall_s"], "compute_s": acc["compute_s"],
                          "sample_s": acc["sample_s"], "gather_s": acc["gather_s"],
                          "lr": opt.param_groups[0]["lr"], "steps": st.global_step,
-                         "train_bytes_read": data.bytes_read_so_far(), **cstats}
+                         "train_bytes_read": data.bytes_read_so_far(),
+                         "train_read_requests": data.requests_so_far(), **cstats}
             if (epoch + 1) % cfg.eval_every == 0 or epoch == cfg.epochs - 1:
                 te = time.perf_counter()
                 rss.phase = "evaluation"

@@ -258,45 +258,60 @@ def test_hot_topology_counts_only_where_the_lists_are_on_disk(planted_dataset: P
         _cfg(planted_dataset, topology="memory", hot_topology="64KB")
 
 
-def test_exact_read_ahead_predicts_one_read_per_window(tmp_path: Path) -> None:
-    """Exact mode under a budget: with the default read-ahead the misses of a window of batches are
-    predicted as one read of at most the feature file each (requests of 128 KiB); with
-    ``--read-ahead 0`` as one request per missed row (less the cache's hits)."""
+def _wide(tmp_path: Path) -> Path:
+    """3,000 nodes, ~24,000 edges, 256 float32 features (1 kB rows): the rows outweigh the lists."""
     from ooc.ingest.convert import write_graph_dataset
     from ooc.kernels.generators import planted_partition
     from ooc.kernels.partition import contiguous_partitions
     g = planted_partition(3000, num_classes=4, avg_degree=8, feat_dim=256, noise=2.0, seed=1,
                           train_frac=0.3)
-    p = write_graph_dataset(tmp_path / "wide", g.num_nodes, g.src, g.dst, g.features, g.labels,
-                            {"train": g.train, "valid": g.valid, "test": g.test}, g.num_classes,
-                            "wide", partition_offsets=contiguous_partitions(3000, 8))
+    return write_graph_dataset(tmp_path / "wide", g.num_nodes, g.src, g.dst, g.features, g.labels,
+                               {"train": g.train, "valid": g.valid, "test": g.test}, g.num_classes,
+                               "wide", partition_offsets=contiguous_partitions(3000, 8))
+
+
+def _measured(m: dict) -> tuple[int, int]:
+    """Training bytes and requests of a run's first epoch."""
+    h = m["history"][0]
+    return h["train_bytes_read"], h["train_read_requests"]
+
+
+def test_exact_read_ahead_predicts_one_read_per_window(tmp_path: Path) -> None:
+    """Exact mode under a budget: with the default read-ahead the misses of a window of batches are
+    predicted as one gather of their union each (at most the feature file), with ``--read-ahead 0``
+    as a gather per batch less the cache's hits; both within 15% of what the run reads."""
+    p = _wide(tmp_path)
     kw = dict(mode="exact", memory_budget="4MB", batch_size=16, fanouts=[3, 3], eval_batch_size=16)
     win = _plan(p, **kw)
     per_row = _plan(p, read_ahead="0", **kw)
     assert win.split is not None and per_row.split is not None
     w = win.plan.read_ahead
     assert w >= 2 and per_row.plan.read_ahead == 0 and per_row.plan.cache > win.plan.cache
-    steps = -(-g.train.shape[0] // 16)
-    windows = -(-steps // w)
-    feat = 3000 * 256 * 4
-    assert win.split.predicted.bytes <= windows * feat
-    assert win.split.predicted.requests <= windows * -(-feat // (128 << 10))
-    # per-row reads: one request per missed row, bytes = requests x row
-    assert per_row.split.predicted.bytes == pytest.approx(per_row.split.predicted.requests * 1024)
-    assert per_row.split.predicted.requests > 10 * win.split.predicted.requests
+    steps = -(-Dataset(p).split("train").shape[0] // 16)
+    assert win.split.predicted.bytes <= -(-steps // w) * 3000 * 256 * 4
+    for name, mp, extra in (("win", win, {}), ("row", per_row, {"read_ahead": "0"})):
+        m = train(_cfg(p, output_dir=str(tmp_path / name), **kw, **extra))
+        nbytes, requests = _measured(m)
+        assert m["split"]["predicted_bytes"] == int(mp.split.predicted.bytes)
+        assert nbytes == pytest.approx(mp.split.predicted.bytes, rel=0.15), name
+        assert requests == pytest.approx(mp.split.predicted.requests, rel=0.15), name
 
 
-def test_hot_share_of_the_probed_list_reads() -> None:
-    """A hot set serves the probed list reads of its nodes: nodes 1 and 70 hot, reads of 1, 2, 70,
-    70 (pages 1, 3, 2, 2) -> 3 of 4 lists and 5 of 8 pages from memory."""
-    from ooc.data.autoplan import _hot_share, _StateStats
-    e = np.zeros(0, dtype=np.int64)
-    st = _StateStats(e, e, e, e, e, 0, np.array([1, 2, 70, 70]), np.array([1, 3, 2, 2]))
-    bits = np.zeros(2, dtype=np.uint64)
-    bits[0] |= np.uint64(1 << 1)
-    bits[1] |= np.uint64(1 << (70 - 64))
-    assert _hot_share(st, bits) == (0.75, 5 / 8)
-    assert _hot_share(st, None) == (0.0, 0.0)
+@pytest.mark.parametrize("direct", [False, True])
+def test_disk_topology_prediction_is_the_reads_of_the_run(tmp_path: Path, direct: bool) -> None:
+    """Hybrid mode with the lists on disk: the predicted training reads (feature misses, partition
+    loads, list reads as the readers coalesce them: the bytes asked for with buffered reads, whole
+    pages and gaps read through with O_DIRECT) are within 10% of the run's counters."""
+    p = _wide(tmp_path)
+    kw = dict(mode="hybrid", memory_budget="4MB", topology="disk", batch_size=32, fanouts=[5, 5],
+              eval_batch_size=64, direct_io=direct)
+    mp = _plan(p, **kw)
+    assert mp.split is not None and mp.topology == "disk" and 0 < mp.plan.slots < mp.plan.num_parts
+    m = train(_cfg(p, output_dir=str(tmp_path / "run"), **kw))
+    nbytes, requests = _measured(m)
+    assert m["history"][0]["topology_read_requests"] > 0
+    assert nbytes == pytest.approx(mp.split.predicted.bytes, rel=0.10)
+    assert requests == pytest.approx(mp.split.predicted.requests, rel=0.10)
 
 
 def test_auto_hot_topology_where_list_reads_dominate(tmp_path: Path) -> None:

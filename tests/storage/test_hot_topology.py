@@ -139,6 +139,51 @@ def test_reads_across_chunk_files_in_bounded_pieces(tmp_path: Path) -> None:
         r.close()
 
 
+def test_planned_reads_of_a_small_graph(tmp_path: Path) -> None:
+    """Lists of nodes 4 and 0 are ids [6, 10) and [0, 3) of int32 indices: buffered, two requests
+    of 16 and 12 bytes (not adjacent); a duplicate, an empty list and a hot node 0 change what is
+    read as ``read`` does; with O_DIRECT both fall in one 4 KiB page."""
+    indptr, _, arr = _small(tmp_path)
+    r = NeighborReader(arr, indptr)
+    assert r.plan_reads(np.array([4, 0])) == (28, 2)
+    assert r.plan_reads(np.array([0, 4, 3, 0])) == (28, 2)
+    assert r.plan_reads(np.array([4, 5])) == (20, 1)  # [6, 10) and [10, 11) touch
+    bits = np.zeros(1, dtype=np.uint64)
+    bits[0] = np.uint64(1)  # node 0 hot
+    assert r.plan_reads(np.array([4, 0]), bits) == (16, 1)
+    assert r.plan_reads(np.array([3, 6])) == (0, 0) and r.plan_reads(np.zeros(0, np.int64)) == (0, 0)
+    r.close()
+    d = NeighborReader(arr, indptr, direct=True)
+    if d.direct:
+        assert d.plan_reads(np.array([4, 0])) == (4096, 1)
+    d.close()
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_planned_reads_are_what_read_counts(tmp_path: Path, direct: bool) -> None:
+    """Random lists in page-sized chunk files, hot lists, pieces of 300 ids, gaps of 0 and 8 KiB:
+    ``plan_reads`` (no I/O) gives the bytes and requests the reader's counters then record."""
+    rng = np.random.default_rng(4)
+    deg = rng.integers(0, 400, 500)
+    deg[rng.integers(0, 500, 40)] = 0
+    indptr = np.concatenate([[0], np.cumsum(deg)]).astype(np.int64)
+    write_array(tmp_path / "ix", rng.integers(0, 500, int(indptr[-1])).astype(np.int32),
+                chunk_rows=4096)
+    arr = RawArray(tmp_path / "ix")
+    for gap in (0, 8192):
+        r = NeighborReader(arr, indptr, direct=direct, gap=gap, chunk_edges=300)
+        r.hot = HotLists.build(r, 60_000, fanout=5)
+        bits = r.hot.bits
+        for k in (1, 7, 60, 500):
+            nodes = rng.integers(0, 500, k)
+            planned = r.plan_reads(nodes, bits)
+            r.reset_stats()
+            r.read(nodes)
+            assert planned == (r.counters.bytes_read, r.counters.requests), (gap, k)
+        assert r.plan_reads(np.arange(500), bits)[0] < r.plan_reads(np.arange(500))[0]
+        r.close()
+
+
 def _same(a, b) -> None:
     assert np.array_equal(a.seeds, b.seeds) and np.array_equal(a.nodes, b.nodes)
     assert np.array_equal(a.seed_positions, b.seed_positions)

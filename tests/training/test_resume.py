@@ -18,7 +18,7 @@ from ooc.training.loop import Interrupted, train
 
 TIMING = ("time", "_s", "per_s", "io_wait", "load_s", "bytes_read", "partition_loads", "row_hits",
           "row_misses", "buffer_hit_ratio", "bandwidth", "rss", "swaps", "cache_", "bytes",
-          "topology_", "read_ahead_", "peak_")
+          "topology_", "read_ahead_", "peak_", "read_requests")
 # (I/O and memory counters of the run: a resumed one counts from its start)
 
 
