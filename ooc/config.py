@@ -428,7 +428,7 @@ class TrainConfig:
         for f in fields(self):
             ch = f.metadata.get("choices")
             if ch and getattr(self, f.name) not in ch:
-                raise ValueError(f"{f.name} must be one of {', '.join(ch)}, got "
+                raise ValueError(f"{option_flag(f.name)} must be one of {', '.join(ch)}, got "
                                  f"{getattr(self, f.name)!r}")
         self.fanouts = parse_fanouts(self.fanouts)
         if self.eval_fanouts:
@@ -442,27 +442,27 @@ class TrainConfig:
                                  "evaluated neighbourhoods; --eval-mode layerwise uses them whole "
                                  "(drop one of the two)")
         if self.partitions < 0:
-            raise ValueError(f"partitions must be >= 0 (0: the dataset's), got {self.partitions}")
+            raise ValueError(f"{option_flag('partitions')} must be >= 0 (0: the dataset's), got {self.partitions}")
         for name in ("batch_size", "eval_batch_size", "epochs", "buffer_partitions",
                      "hidden", "eval_every", "heads", "out_heads", "eval_candidates", "layer_size",
                      "num_clusters", "clusters_per_batch"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f"{option_flag(name)} must be >= 1, got {getattr(self, name)}")
         if not 1 <= self.io_depth <= MAX_IO_DEPTH:
-            raise ValueError(f"io_depth must be between 1 and {MAX_IO_DEPTH} (requests in flight; each "
+            raise ValueError(f"{option_flag('io_depth')} must be between 1 and {MAX_IO_DEPTH} (requests in flight; each "
                              f"holds a staging slot of at least 16 KiB), got {self.io_depth}")
         for name in ("patience", "checkpoint_every", "threads", "neg_ratio", "lr_step", "walk_length",
                      "io_gap"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+                raise ValueError(f"{option_flag(name)} must be >= 0, got {getattr(self, name)}")
         if self.partitions and self.buffer_partitions > self.partitions:
             raise ValueError(f"--buffer-partitions {self.buffer_partitions} exceeds --partitions "
                              f"{self.partitions}")
         for name in ("dropout", "attn_dropout", "feat_dropout", "hybrid_mix"):
             if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+                raise ValueError(f"{option_flag(name)} must be in [0, 1), got {getattr(self, name)}")
         if self.embedding < 0:
-            raise ValueError(f"embedding must be >= 0 (0 = off), got {self.embedding}")
+            raise ValueError(f"{option_flag('embedding')} must be >= 0 (0 = off), got {self.embedding}")
         from ooc.interop.custom import check_model_config
         check_model_config(self)
         if self.model == "gat" and self.hidden % self.heads:
@@ -480,6 +480,17 @@ class TrainConfig:
         validate_data_options(self)
 
 
+def option_flag(name: str) -> str:
+    """How a user names configuration field ``name``: its ``ooc train`` flag and its YAML key
+    (``feat_dropout`` -> ``--feat-dropout (model.feat_dropout)``; ``fanouts`` -> ``--fanout
+    (sampler.fanouts)``), for error messages; the flag alone for a name that is not a field."""
+    flag = {"fanouts": "--fanout", "eval_fanouts": "--eval-fanout"}.get(name, "--" + name.replace("_", "-"))
+    f = {f.name: f for f in fields(TrainConfig)}.get(name)
+    if f is None:
+        return flag
+    return f"{flag} ({f.metadata.get('section', 'train')}.{f.metadata.get('key', name)})"
+
+
 def validate_data_options(cfg: "TrainConfig") -> None:
     """Check the data-path fields of a TrainConfig and every combination that cannot work.
 
@@ -491,11 +502,11 @@ def validate_data_options(cfg: "TrainConfig") -> None:
     from ooc.sampling.samplers import check_sampler
     from ooc.util.sizes import parse_bytes
     if cfg.mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {cfg.mode!r}")
+        raise ValueError(f"{option_flag('mode')} must be one of {', '.join(MODES)}, got {cfg.mode!r}")
     if cfg.ordering not in ORDERINGS:
-        raise ValueError(f"ordering must be one of {', '.join(ORDERINGS)}, got {cfg.ordering!r}")
+        raise ValueError(f"{option_flag('ordering')} must be one of {', '.join(ORDERINGS)}, got {cfg.ordering!r}")
     if cfg.cache_policy not in (*POLICIES, *LOOKAHEAD_POLICIES, "none"):
-        raise ValueError(f"cache policy must be one of {', '.join(POLICIES + LOOKAHEAD_POLICIES)} or "
+        raise ValueError(f"{option_flag('cache_policy')} must be one of {', '.join(POLICIES + LOOKAHEAD_POLICIES)} or "
                          f"none, got {cfg.cache_policy!r}")
     if cfg.cache_policy in LOOKAHEAD_POLICIES and cfg.mode != "exact":
         raise ValueError(f"--cache-policy {cfg.cache_policy} needs --mode exact: it evicts by the "
@@ -546,14 +557,14 @@ def validate_data_options(cfg: "TrainConfig") -> None:
             except ValueError as e:
                 raise ValueError(f"--{f.name.replace('_', '-')}: {e}") from None
     if cfg.topology not in ("auto", "memory", "mmap", "disk"):
-        raise ValueError(f"topology must be auto, memory, mmap or disk, got {cfg.topology!r}")
+        raise ValueError(f"{option_flag('topology')} must be auto, memory, mmap or disk, got {cfg.topology!r}")
     if cfg.hot_topology not in ("", "auto") and parse_bytes(cfg.hot_topology) \
             and cfg.topology not in ("disk", "auto"):
         raise ValueError(f"--hot-topology {cfg.hot_topology} keeps the hottest lists of an on-disk "
                          f"topology in memory: it needs --topology disk or auto (with --topology "
                          f"{cfg.topology} the whole topology is already {'in memory' if cfg.topology == 'memory' else 'mapped'})")
     if cfg.miss_features not in ("disk", "pq", "auto"):
-        raise ValueError(f"miss_features must be disk, pq or auto, got {cfg.miss_features!r}")
+        raise ValueError(f"{option_flag('miss_features')} must be disk, pq or auto, got {cfg.miss_features!r}")
     if cfg.miss_features in ("pq", "auto") and cfg.mode != "hybrid":
         raise ValueError(f"--miss-features {cfg.miss_features} applies to --mode hybrid only (got "
                          f"--mode {cfg.mode}: exact reads exact rows, buffer has no misses)")

@@ -632,10 +632,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
                     "help": f"{f.metadata.get('help', '')} (default: {default})"}
         tp = types[f.name]
         names = ["--" + f.name.replace("_", "-")]
-        if f.name == "fanouts":
-            names = ["--fanout", "--fanouts"]
-        elif f.name == "eval_fanouts":
-            names = ["--eval-fanout", "--eval-fanouts"]
+        if f.name in ("fanouts", "eval_fanouts"):
+            names.insert(0, names[0][:-1])  # --fanout, --fanouts
         if tp is bool:
             kw["action"] = argparse.BooleanOptionalAction
         else:

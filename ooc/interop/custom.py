@@ -141,8 +141,9 @@ def check_model_config(cfg: "TrainConfig") -> None:
     """
     if not is_custom(cfg.model):
         if cfg.model not in MODELS:
-            raise ValueError(f"model must be one of {', '.join(MODELS)} or MODULE:CLASS, got "
-                             f"{cfg.model!r}")
+            from ooc.config import option_flag
+            raise ValueError(f"{option_flag('model')} must be one of {', '.join(MODELS)} or "
+                             f"MODULE:CLASS, got {cfg.model!r}")
         if cfg.model_options:
             raise ValueError("model.options applies to --model MODULE:CLASS (the built-in models "
                              "have their own options)")

@@ -225,9 +225,9 @@ def test_bad_options_and_setup_errors_leave_no_run_folder(planted_dataset: Path,
     parent folders made for it (a folder that existed before stays)."""
     from ooc.storage.dataset import DatasetError
     for depth in (0, 513):
-        with pytest.raises(ValueError, match="io_depth must be between 1 and 512"):
+        with pytest.raises(ValueError, match="--io-depth .data.io_depth. must be between 1 and 512"):
             _cfg(planted_dataset, tmp_path / "a", io_depth=depth).validate()
-    with pytest.raises(ValueError, match="io_gap must be >= 0"):
+    with pytest.raises(ValueError, match="--io-gap .data.io_gap. must be >= 0"):
         _cfg(planted_dataset, tmp_path / "a", io_gap=-5).validate()
     with pytest.raises(DatasetError):
         train(_cfg(tmp_path / "no-such-dataset", tmp_path / "nods"))

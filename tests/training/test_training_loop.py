@@ -52,11 +52,11 @@ def test_config_errors_name_the_option(sets: list[str], match: str) -> None:
 
 
 def test_validate_rejects_bad_combinations() -> None:
-    with pytest.raises(ValueError, match="model must be one of"):
+    with pytest.raises(ValueError, match=r"--model \(model.name\) must be one of"):
         TrainConfig(dataset="d", model="mlp").validate()
     with pytest.raises(ValueError, match="divisible by heads"):
         TrainConfig(dataset="d", model="gat", hidden=10, heads=4).validate()
-    with pytest.raises(ValueError, match="feat_dropout must be in"):
+    with pytest.raises(ValueError, match=r"--feat-dropout \(model.feat_dropout\) must be in"):
         TrainConfig(dataset="d", model="gat", feat_dropout=1.0).validate()
     with pytest.raises(ValueError, match="no dataset"):
         TrainConfig().validate()
