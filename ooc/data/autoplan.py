@@ -38,8 +38,9 @@ W probed batches' misses as the reader plans it, at most the whole feature file.
 bytes / :data:`DISK_BYTES_PER_S` + requests x :data:`REQUEST_S` (O_DIRECT with 32 requests in flight on this project's development VM; with
 the default 128 a request costs about half that there, which the constant does not follow).  Buffer
 mode samples inside the resident partitions: it reads only its partition loads (their in-edges too
-with the topology on disk).  Splits within :data:`TIE` (10%) of each other are ranked by partition
-slots (more first), then by the order tried (memory before disk, no PQ before PQ, no cache first).
+with the topology on disk).  Of the splits within :data:`TIE` (10%) of the fewest predicted seconds
+the one with the most partition slots is kept, then the first tried (memory before disk, no PQ before
+PQ, no cache first).
 """
 
 from __future__ import annotations
@@ -91,8 +92,8 @@ PROBE_STATE_LISTS = 400_000
 #: hot sets beside none.  A power-law graph's hottest eighth holds most draws; a regular one needs
 #: about the share of draws it should serve.
 AUTO_HOT_SHARES = (0.125, 0.25, 0.5)
-#: Predicted seconds within this fraction of each other count as equal: the split with more
-#: partition slots (and then the one found first: memory, no PQ, no cache) is kept.
+#: Predicted seconds within this fraction of the fewest count as equal: of those the split with the
+#: most partition slots (and then the one found first: memory, no PQ, no cache) is kept.
 TIE = 0.10
 #: Evaluation batches whose no-deduplication bound exceeds this many rows are not probed (their
 #: full neighbourhoods would take long to read); the bound is used.
@@ -567,13 +568,14 @@ def _epoch_cost(cfg: "TrainConfig", ds: Dataset, st: _StateStats, plan: BudgetPl
     return sum(parts.values(), ReadCost())
 
 
-def _better(cost: ReadCost, plan: BudgetPlan, best: SplitChoice) -> bool:
-    """Fewer predicted seconds by more than :data:`TIE`; within it, more partition slots (larger
-    states: fewer cut edges in buffer mode, more hits elsewhere)."""
-    b = best.predicted.seconds
-    if cost.seconds < b * (1 - TIE):
-        return True
-    return cost.seconds <= b * (1 + TIE) and plan.slots > best.plan.slots
+def _keep(splits: list[SplitChoice]) -> SplitChoice:
+    """The split to keep: among those within :data:`TIE` of the fewest predicted seconds, the one
+    with the most partition slots (larger states: fewer cut edges in buffer mode, more hits
+    elsewhere), then the first tried.  Measured against the minimum, not split by split, so that
+    a chain of near-ties cannot drift away from it."""
+    least = min(c.predicted.seconds for c in splits)
+    near = [c for c in splits if c.predicted.seconds <= least * (1 + TIE)]
+    return max(near, key=lambda c: c.plan.slots)  # max keeps the first of equals
 
 
 def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
@@ -612,7 +614,7 @@ def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
     own = probe is None
     probe = probe or ListProbe(ds, indptr, cfg)
     stats: dict[tuple[int, int], _StateStats] = {}
-    best: SplitChoice | None = None
+    fitted: list[SplitChoice] = []
     tried: list[tuple[str, ReadCost | None, str]] = []
     last_err: ValueError | None = None
     scores: np.ndarray | None = None
@@ -657,16 +659,17 @@ def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
                         stats[key] = _probe_states(cfg, ds, probe, offsets, *key)
                     cost = _epoch_cost(cfg, ds, stats[key], plan, topo, pq, degrees, probe, bits, hot)
                     tried.append((label, cost, ""))
-                    if best is None or _better(cost, plan, best):
-                        best = SplitChoice(topo, pq, size, plan, cost, hot_topology=hot,
-                                           hot_bits=bits)
+                    fitted.append(SplitChoice(topo, pq, size, plan, cost, hot_topology=hot,
+                                              hot_bits=bits))
     finally:
         if own:
             probe.close()
         del degrees, scores  # N-sized: not held by anything the caller keeps
-    if best is None:
+    if not fitted:
         assert last_err is not None
         raise last_err
+    best = _keep(fitted)
+    del fitted  # the other splits' hot-list bitmaps
     best.candidates = tried
     best.probe_s = time.perf_counter() - t0
     for lab, c, why in tried:

@@ -131,6 +131,22 @@ def test_read_cost_seconds() -> None:
 
 
 # ------------------------------------------------------------------------------------------ split
+def test_near_ties_are_measured_against_the_fewest_seconds() -> None:
+    """Predictions of 10.0, 10.9 and 11.8 s with 5, 10 and 20 slots: 10.9 is within 10% of the
+    fewest and has more slots, so it is kept; 11.8 is within 10% of 10.9 only, not of 10.0."""
+    from types import SimpleNamespace
+
+    from ooc.data.autoplan import SplitChoice, _keep
+    def split(seconds: float, slots: int, topology: str = "memory") -> SplitChoice:
+        return SplitChoice(topology, False, None, SimpleNamespace(slots=slots),  # type: ignore[arg-type]
+                           ReadCost(0.0, seconds / 2e-5))
+    a, b, c = split(10.0, 5), split(10.9, 10), split(11.8, 20)
+    assert _keep([a, b, c]) is b and _keep([c, b, a]) is b
+    assert _keep([a, c]) is a
+    d = split(10.9, 10, "disk")  # equal slots: the first tried
+    assert _keep([a, b, d]) is b and _keep([a, d, b]) is d
+
+
 def test_everything_resident_when_it_fits(planted_dataset: Path) -> None:
     """A budget that holds the topology beside every feature row: topology in memory, all 8
     partitions resident, no cache, and the only predicted read is loading the features once."""
