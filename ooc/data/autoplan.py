@@ -38,7 +38,7 @@ W probed batches' misses as the reader plans it, at most the whole feature file.
 bytes / :data:`DISK_BYTES_PER_S` + requests x :data:`REQUEST_S` (O_DIRECT with 32 requests in flight on this project's development VM; with
 the default 128 a request costs about half that there, which the constant does not follow).  Buffer
 mode samples inside the resident partitions: it reads only its partition loads (their in-edges too
-with the topology on disk).  Of the splits within :data:`TIE` (10%) of the fewest predicted seconds
+with the topology on disk).  Of the splits within :data:`TIE` (5%) of the fewest predicted seconds
 the one with the most partition slots is kept, then the first tried (memory before disk, no PQ before
 PQ, no cache first).
 """
@@ -93,8 +93,11 @@ PROBE_STATE_LISTS = 400_000
 #: about the share of draws it should serve.
 AUTO_HOT_SHARES = (0.125, 0.25, 0.5)
 #: Predicted seconds within this fraction of the fewest count as equal: of those the split with the
-#: most partition slots (and then the one found first: memory, no PQ, no cache) is kept.
-TIE = 0.10
+#: most partition slots (and then the one found first: memory, no PQ, no cache) is kept.  The
+#: predictions fell within 1-5% of the measured reads on the 2 M-node bench and the demo graph
+#: once planned by the run's readers (10% before, when they ran 5-20% off); at 10% lists on disk
+#: with 34 slots won there over the topology in memory with 20 and trained 16% slower.
+TIE = 0.05
 #: Evaluation batches whose no-deduplication bound exceeds this many rows are not probed (their
 #: full neighbourhoods would take long to read); the bound is used.
 PROBE_EVAL_MAX_ROWS = 4_000_000
@@ -372,6 +375,8 @@ class _StateStats:
     resident: np.ndarray
     outer_miss: np.ndarray
     loads_per_epoch: float
+    #: batches of the probed epoch plan (0: not known)
+    num_batches: int = 0
     #: per probed batch its not-resident rows (sorted int64), all of them and the inner hops' only
     misses: list[np.ndarray] = field(default_factory=list)
     inner_misses: list[np.ndarray] = field(default_factory=list)
@@ -452,7 +457,7 @@ def _probe_states(cfg: "TrainConfig", ds: Dataset, probe: ListProbe, offsets: np
         loads /= max(cfg.epochs, 1)
     if cfg.mode == "buffer":  # no misses and no list reads: only the loads matter
         empty = np.zeros(0, dtype=np.int64)
-        return _StateStats(empty, empty, empty, loads)
+        return _StateStats(empty, empty, empty, loads, len(plan.batches))
     out: dict[str, list] = {k: [] for k in ("rows", "resident", "outer")}
     misses: list[np.ndarray] = []
     inner_misses: list[np.ndarray] = []
@@ -475,8 +480,8 @@ def _probe_states(cfg: "TrainConfig", ds: Dataset, probe: ListProbe, offsets: np
         inner_misses.append(np.sort(nodes[:inner][~res[:inner]]).astype(np.int64, copy=False))
         fetches.append(probe.fetched)
     arr = {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
-    return _StateStats(arr["rows"], arr["resident"], arr["outer"], loads, misses, inner_misses,
-                       fetches)
+    return _StateStats(arr["rows"], arr["resident"], arr["outer"], loads, len(plan.batches), misses,
+                       inner_misses, fetches)
 
 
 def _cache_hit(degrees: np.ndarray, misses_per_batch: float, cache_rows: int) -> float:
@@ -522,7 +527,8 @@ def _epoch_cost(cfg: "TrainConfig", ds: Dataset, st: _StateStats, plan: BudgetPl
     """Predicted reads of one training epoch (see the module docstring); with the topology on
     disk the probed batches' list reads are planned by ``probe``'s reader without the lists in
     ``hot_bits`` (the hot set of ``hot`` bytes)."""
-    num_batches = -(-ds.split("train").shape[0] // max(cfg.batch_size, 1))
+    # the plan's own batches: a state with fewer seeds than a batch trains a smaller one
+    num_batches = st.num_batches or -(-ds.split("train").shape[0] // max(cfg.batch_size, 1))
     probed = max(st.rows.shape[0], 1)
     row_bytes = ds.features.row_bytes if ds.has("features") else 0
     parts: dict[str, ReadCost] = {}

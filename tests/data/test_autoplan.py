@@ -132,18 +132,19 @@ def test_read_cost_seconds() -> None:
 
 # ------------------------------------------------------------------------------------------ split
 def test_near_ties_are_measured_against_the_fewest_seconds() -> None:
-    """Predictions of 10.0, 10.9 and 11.8 s with 5, 10 and 20 slots: 10.9 is within 10% of the
-    fewest and has more slots, so it is kept; 11.8 is within 10% of 10.9 only, not of 10.0."""
+    """Predictions of 10.0, 10.4 and 10.8 s with 5, 10 and 20 slots: 10.4 is within TIE (5%) of
+    the fewest and has more slots, so it is kept; 10.8 is within 5% of 10.4 only, not of 10.0."""
     from types import SimpleNamespace
 
-    from ooc.data.autoplan import SplitChoice, _keep
+    from ooc.data.autoplan import TIE, SplitChoice, _keep
+    assert TIE == 0.05
     def split(seconds: float, slots: int, topology: str = "memory") -> SplitChoice:
         return SplitChoice(topology, False, None, SimpleNamespace(slots=slots),  # type: ignore[arg-type]
                            ReadCost(0.0, seconds / 2e-5))
-    a, b, c = split(10.0, 5), split(10.9, 10), split(11.8, 20)
+    a, b, c = split(10.0, 5), split(10.4, 10), split(10.8, 20)
     assert _keep([a, b, c]) is b and _keep([c, b, a]) is b
     assert _keep([a, c]) is a
-    d = split(10.9, 10, "disk")  # equal slots: the first tried
+    d = split(10.4, 10, "disk")  # equal slots: the first tried
     assert _keep([a, b, d]) is b and _keep([a, d, b]) is d
 
 
