@@ -514,8 +514,10 @@ class DiskRows:
         out = []
         end = off + nbytes
         pos = off
-        while pos < end:  # one segment per chunk file
-            seg_end = min(end, (pos // self.chunk_bytes + 1) * self.chunk_bytes)
+        last = self.arr.num_chunks - 1
+        while pos < end:  # one segment per chunk file; the last one's span may pass its EOF
+            seg_end = end if pos // self.chunk_bytes >= last else \
+                min(end, (pos // self.chunk_bytes + 1) * self.chunk_bytes)
             seg = seg_end - pos
             k = max(-(-seg // self.piece), min(self.range_threads, -(-seg // MIN_PIECE)))
             per = -(-seg // k)  # near-equal requests, rounded up to whole aligned blocks

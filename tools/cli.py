@@ -351,8 +351,9 @@ def _print_summary(m: dict) -> None:
         if ogb.get("note"):
             print(f"note          {ogb['note']}")
     if m["epoch_time_s"]:
-        print(f"epoch time    {sum(m['epoch_time_s']) / len(m['epoch_time_s']):.2f} s mean over "
-              f"{len(m['epoch_time_s'])} epochs" + (" (early stop)" if m.get("stopped_early") else ""))
+        k = len(m["epoch_time_s"])
+        print(f"epoch time    {sum(m['epoch_time_s']) / k:.2f} s mean over {k} epoch{'' if k == 1 else 's'}"
+              + (" (early stop)" if m.get("stopped_early") else ""))
     approx = int(m.get("approx_rows", 0))
     outside = int(m["row_misses"])
     print(f"I/O           {_human(m['bytes_read'])} read (training and evaluation), buffer hit ratio {m['buffer_hit_ratio']:.3f}; "
@@ -404,7 +405,8 @@ def _print_summary(m: dict) -> None:
                     f"{_human(last.get('read_ahead_bytes', 0))} in {last.get('read_ahead_s', 0.0):.1f} s"
                     if reads else "") + ")")
     sa = m.get("sample_ahead", 0)
-    sampled = (f", {sa} batch{'' if sa == 1 else 'es'} sampled ahead on their own thread" if sa
+    sampled = (f", {sa} batch{'' if sa == 1 else 'es'} sampled ahead on "
+               f"{'its' if sa == 1 else 'their'} own thread" if sa
                else ", batches sampled on the loader thread")
     knobs = {"hybrid": f" (--hybrid-mix {m['config']['hybrid_mix']:g}, --ordering "
                        f"{m['config']['ordering']})",
@@ -420,8 +422,11 @@ def _print_summary(m: dict) -> None:
         reqs = [h["train_read_requests"] for h in hist if "train_read_requests" in h]
         in_reqs = (f" in {int(sum(reqs) / len(reqs)):,} requests"
                    if reqs and len(reqs) == len(per_epoch) else "")
-        real = (f"; measured {_human(int(sum(per_epoch) / len(per_epoch)))}{in_reqs} (mean over "
-                f"{len(per_epoch)} epoch{'s' if len(per_epoch) > 1 else ''})") if per_epoch else ""
+        mean = sum(per_epoch) / len(per_epoch) if per_epoch else 0.0
+        off = (f", {100 * (mean / split['predicted_bytes'] - 1):+.1f}% of the bytes predicted"
+               if split["predicted_bytes"] else "")
+        real = (f"; measured {_human(int(mean))}{in_reqs} (mean over {len(per_epoch)} "
+                f"epoch{'s' if len(per_epoch) > 1 else ''}{off})") if per_epoch else ""
         tried = len(split["candidates"])
         refused = sum(1 for c in split["candidates"] if c.get("refused"))
         print(f"budget split  chose topology {split['topology']}"

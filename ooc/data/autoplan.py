@@ -28,7 +28,8 @@ only the inner hops' misses are read; the row cache's hit ratio follows Che's ap
 LRU cache with each node asked for in proportion to its degree (a node is drawn as an in-neighbour
 about in proportion to its out-degree, equal to its in-degree in graphs stored in both directions),
 plus the misses that fill it once per job;
-partition loads read each loaded partition once; with the topology on disk the list reads are the
+partition loads read each loaded partition once, in the requests the run's range reads make
+(:meth:`~ooc.storage.io.DiskRows.range_requests`); with the topology on disk the list reads are the
 probed batches' own, planned by the run's list reader
 (:meth:`~ooc.storage.io.NeighborReader.plan_reads`: lists sharing a page or within the gap share a
 request), without the lists of the hot set (``--hot-topology``; ``auto`` tries a few sizes, each the
@@ -250,6 +251,13 @@ def feature_rows(ds: Dataset, cfg: "TrainConfig", threads: int | None = None) ->
                     gap=cfg.io_gap if cfg.direct_io else 0, aio_depth=max(1, cfg.io_depth))
 
 
+def partition_list_rows(ds: Dataset, cfg: "TrainConfig") -> DiskRows:
+    """The run's reader of a partition's in-edges (``topology/indices`` ranges) where buffer mode
+    loads them with each partition (the topology on disk)."""
+    return DiskRows(ds.raw("indices"), direct=cfg.direct_io, threads=max(1, min(4, cfg.io_depth)),
+                    aio_depth=0)
+
+
 class ListProbe:
     """Samples batches over the dataset's on-disk lists (whatever the run's ``--topology``) with
     the run's list reader, and plans (without reading) the run's feature reads.
@@ -268,6 +276,7 @@ class ListProbe:
         self.held_bytes = 0
         self.fetched: list[np.ndarray] = []
         self._feats: DiskRows | None = None
+        self._edges: DiskRows | None = None
 
     def sample(self, seeds: np.ndarray, fanouts: list[int], key: int,
                replace: bool) -> SampledSubgraph:
@@ -294,14 +303,42 @@ class ListProbe:
         if rows.shape[0] == 0 or not self.ds.has("features"):
             return 0, 0
         if self._feats is None:
-            self._feats = feature_rows(self.ds, self.cfg, threads=1)
+            self._feats = feature_rows(self.ds, self.cfg)
         _, _, size, _ = self._feats.plan(np.unique(rows))
         return int(size.sum()), int(size.shape[0])
 
+    def load_reads(self, offsets: np.ndarray, edges: bool) -> tuple[float, float]:
+        """``(bytes, requests)`` of one partition load, the mean over the partitions of
+        ``offsets`` (int64 [P+1]): the ranges the run's readers request
+        (:meth:`DiskRows.range_requests`: aligned spans cut at chunk files and into pieces, several
+        in flight), of the feature rows and, with ``edges`` (buffer mode, topology on disk), of
+        the partition's in-edges too."""
+        num_parts = offsets.shape[0] - 1
+        if num_parts <= 0:
+            return 0.0, 0.0
+        readers: list[tuple[DiskRows, np.ndarray]] = []
+        if self.ds.has("features"):
+            if self._feats is None:
+                self._feats = feature_rows(self.ds, self.cfg)
+            readers.append((self._feats, offsets))
+        if edges:
+            if self._edges is None:
+                self._edges = partition_list_rows(self.ds, self.cfg)
+            readers.append((self._edges, self.indptr[offsets]))
+        nbytes = requests = 0
+        for rows, bounds in readers:
+            for p in range(num_parts):
+                a, b = int(bounds[p]), int(bounds[p + 1])
+                if b > a:
+                    nbytes += rows.span(a, b)[1]
+                    requests += len(rows.range_requests(a, b))
+        return nbytes / num_parts, requests / num_parts
+
     def close(self) -> None:
         self.reader.close()
-        if self._feats is not None:
-            self._feats.close()
+        for r in (self._feats, self._edges):
+            if r is not None:
+                r.close()
 
 
 def _evenly(k: int, m: int) -> list[int]:
@@ -522,7 +559,7 @@ def _cache_hit(degrees: np.ndarray, misses_per_batch: float, cache_rows: int) ->
 
 
 def _epoch_cost(cfg: "TrainConfig", ds: Dataset, st: _StateStats, plan: BudgetPlan, topology: str,
-                pq: bool, degrees: np.ndarray, probe: ListProbe,
+                pq: bool, degrees: np.ndarray, probe: ListProbe, offsets: np.ndarray,
                 hot_bits: np.ndarray | None = None, hot: int = 0) -> ReadCost:
     """Predicted reads of one training epoch (see the module docstring); with the topology on
     disk the probed batches' list reads are planned by ``probe``'s reader without the lists in
@@ -537,10 +574,8 @@ def _epoch_cost(cfg: "TrainConfig", ds: Dataset, st: _StateStats, plan: BudgetPl
             loads = float(st.loads_per_epoch)
         else:
             loads = plan.num_parts / max(cfg.epochs, 1)
-        part_bytes = float(ds.num_nodes) / max(plan.num_parts, 1) * row_bytes
-        if topology == "disk":
-            part_bytes += float(ds.num_edges) / max(plan.num_parts, 1) * ds.raw("indices").dtype.itemsize
-        return ReadCost(loads * part_bytes, loads * max(1.0, part_bytes / (1 << 20)))
+        part_bytes, part_requests = probe.load_reads(offsets, topology == "disk")
+        return ReadCost(loads * part_bytes, loads * part_requests)
     if row_bytes:
         misses = (st.rows - st.resident).sum() / probed * num_batches
         read_misses = misses - (st.outer_miss.sum() / probed * num_batches if pq else 0.0)
@@ -561,10 +596,10 @@ def _epoch_cost(cfg: "TrainConfig", ds: Dataset, st: _StateStats, plan: BudgetPl
                 / max(cfg.epochs, 1)
             parts["misses"] = ReadCost(reads * per, reads * per_request)
         if plan.slots:
-            part_bytes = float(ds.num_nodes) / max(plan.num_parts, 1) * row_bytes
+            part_bytes, part_requests = probe.load_reads(offsets, False)
             loads = st.loads_per_epoch if plan.slots < plan.num_parts else \
                 plan.num_parts / max(cfg.epochs, 1)
-            parts["loads"] = ReadCost(loads * part_bytes, loads * max(1.0, part_bytes / (1 << 20)))
+            parts["loads"] = ReadCost(loads * part_bytes, loads * part_requests)
     if topology == "disk":
         nbytes, requests = st.list_reads(probe, hot_bits, hot)
         parts["lists"] = ReadCost(nbytes / probed * num_batches, requests / probed * num_batches)
@@ -663,7 +698,8 @@ def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
                         key = (plan.num_parts if whole else 0, 1, min(plan.slots, plan.num_parts))
                     if key not in stats:
                         stats[key] = _probe_states(cfg, ds, probe, offsets, *key)
-                    cost = _epoch_cost(cfg, ds, stats[key], plan, topo, pq, degrees, probe, bits, hot)
+                    cost = _epoch_cost(cfg, ds, stats[key], plan, topo, pq, degrees, probe, offsets,
+                                       bits, hot)
                     tried.append((label, cost, ""))
                     fitted.append(SplitChoice(topo, pq, size, plan, cost, hot_topology=hot,
                                               hot_bits=bits))

@@ -484,7 +484,7 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                      f"--prefetch; and evaluation batches {format_bytes(ev)}: --eval-batch-size, "
                      "--eval-fanout; a batch's neighbourhood is at most the whole graph)")
             raise BudgetTooSmall(
-                f"memory budget {format_bytes(budget)} too small"
+                f"--memory-budget {format_bytes(budget)} too small"
                 + (f" for {lw} local ranks" if lw > 1 else "") + f": topology {format_bytes(topo)}"
                 + (f" (of which --hot-topology {format_bytes(hot_topology)})" if hot_topology else "")
                 + ", "

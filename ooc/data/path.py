@@ -128,7 +128,7 @@ class DataPath:
         self.loader = Loader(buffer, budget.prefetch)
         if self.resident is not None:
             self.loader.on_state = self.resident.build
-        self._requests0 = 0  # the feature reader's request count at the last reset_stats
+        self._requests0 = 0  # _load_requests() at the last reset_stats
         self.shared_bytes = 0  # shared-memory segments of this machine (set by build_data_path)
         self.topology = cfg.topology  # resolved by build_data_path (--topology auto)
         self.split: SplitChoice | None = None
@@ -513,7 +513,7 @@ class DataPath:
             self.device_cache.reset_stats()
         for r in self.readers:
             r.reset_stats()
-        self._requests0 = self.buffer.features.counters.requests
+        self._requests0 = self._load_requests()
         self.loader.stall_s = 0.0
 
     def device_cache_stats(self) -> dict:
@@ -540,9 +540,17 @@ class DataPath:
 
     def requests_so_far(self) -> int:
         """Read requests issued since the epoch's counters were last reset (feature gathers,
-        partition loads, read-ahead windows and lists), without resetting them."""
-        return int(self.buffer.features.counters.requests - self._requests0
+        partition loads with their in-edges, read-ahead windows and lists), without resetting
+        them."""
+        return int(self._load_requests() - self._requests0
                    + sum(r.counters.requests for r in self.readers))
+
+    def _load_requests(self) -> int:
+        """Requests of the feature reader and, in buffer mode with the topology on disk, of the
+        partitions' in-edge loads, since the process began."""
+        edges = self.buffer.topo_rows
+        return int(self.buffer.features.counters.requests
+                   + (edges.counters.requests if edges is not None else 0))
 
     def epoch_stats(self) -> dict:
         """The epoch's counters (then reset): bytes read (features and topology), buffer and cache

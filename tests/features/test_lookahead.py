@@ -410,7 +410,7 @@ def test_train_summary_says_where_batches_are_sampled(planted_dataset: Path, tmp
     base = ["train", str(planted_dataset), "--mode", "hybrid", "--partitions", "8",
             "--buffer-partitions", "3", "--epochs", "1", "--fanout", "5,5", "--no-progress"]
     assert main(base + ["--output-dir", str(tmp_path / "a")]) == 0
-    assert "1 batch sampled ahead on their own thread" in capsys.readouterr().out
+    assert "1 batch sampled ahead on its own thread" in capsys.readouterr().out
     assert main(base + ["--output-dir", str(tmp_path / "b"), "--sample-ahead", "0"]) == 0
     assert "batches sampled on the loader thread" in capsys.readouterr().out
 

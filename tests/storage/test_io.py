@@ -137,6 +137,31 @@ def test_read_range_async_in_place(tmp_path: Path, direct: bool) -> None:
     rows.close()
 
 
+@pytest.mark.parametrize("chunk_rows", [2048, 5003])
+@pytest.mark.parametrize("direct", [False, True])
+def test_read_range_of_a_file_that_ends_inside_a_page(tmp_path: Path, direct: bool,
+                                                      chunk_rows: int) -> None:
+    """5,003 int32 ids (20,012 bytes, not a page multiple) in 8 KiB chunk files or in one of exactly its rows: a range
+    ending at the last row is a span past EOF, read in requests that start inside the file (with
+    one chunk file, whose size is then not a page multiple, a request starting at EOF made the
+    read fail as if the file were truncated)."""
+    x = np.arange(5003, dtype=np.int32)
+    write_array(tmp_path / "ix", x, chunk_rows=chunk_rows)
+    ra = RawArray(tmp_path / "ix")
+    assert ra.num_chunks == (3 if chunk_rows == 2048 else 1) and ra.nbytes % ALIGN
+    rows = DiskRows(ra, direct=direct, threads=4, piece=4096, aio_depth=0)
+    last = ra.num_chunks - 1
+    for a, b in [(4500, 5003), (4096, 5003), (0, 5003), (5002, 5003), (1000, 4200)]:
+        off, n, shift = rows.span(a, b)
+        req = rows.range_requests(a, b)
+        assert sum(k for _, k in req) == n and all(o < ra.nbytes for o, _ in req)
+        assert all(o // ra.chunk_bytes in ((o + k - 1) // ra.chunk_bytes, last) for o, k in req)
+        dst = aligned_empty(n + ALIGN)
+        rows.read_range(a, b, dst)
+        assert np.array_equal(dst[shift:shift + (b - a) * 4].view(np.int32), x[a:b])
+    rows.close()
+
+
 def test_truncated_chunk_is_an_error(tmp_path: Path) -> None:
     x, ra = _store(tmp_path)
     path = ra.chunk_path(1)
