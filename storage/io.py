@@ -12,8 +12,10 @@ The out-of-core modes read through :class:`DiskRows` instead:
   kernels without the GIL: with ``O_DIRECT`` on Linux through native AIO (``aio_depth`` requests in
   flight, submitted in batches), otherwise by ``pread`` on ``threads`` threads;
 - ``O_DIRECT`` (``direct=True``) bypasses the page cache, so the dataset is never silently held in
-  memory and measured bandwidth is the disk's; offsets, sizes and buffers are aligned to 4 KiB
-  (``ALIGN``); where the file system refuses ``O_DIRECT`` the reader falls back to buffered reads.
+  memory and measured bandwidth is the disk's; buffers are aligned to 4 KiB (``ALIGN``), range
+  requests too, gather requests to the smallest block the file accepts (the device's logical
+  block, 512 bytes on most disks: :attr:`DiskRows.gather_align`); where the file system refuses
+  ``O_DIRECT`` the reader falls back to buffered reads.
 
 :class:`NeighborReader` reads CSC neighbour lists (``--topology disk``): each call's lists become one
 :meth:`DiskRows.gather` of their ids (coalesced requests, many in flight, ``O_DIRECT`` honoured),
@@ -49,6 +51,33 @@ AIO_DEPTH = 128
 MIN_PIECE = 64 << 10
 _pread = types.ExternalFunction("pread", types.intp(types.int32, types.voidptr, types.uintp,
                                                     types.int64))
+
+
+#: O_DIRECT block sizes a gather may be aligned to below ``ALIGN`` (tried smallest first)
+_BLOCK_SIZES = (512, 1024, 2048)
+
+
+def _direct_block(fd: int, path) -> int:
+    """The smallest block (512, 1024, 2048, else ``ALIGN``) at which ``fd`` (opened with
+    ``O_DIRECT``) accepts a read: one ``preadv`` of that many bytes at that offset into a
+    page-aligned buffer.  Linux checks a direct read's offset and length against the device's
+    logical block size (``/sys/block/*/queue/logical_block_size``), 512 bytes on most disks
+    even where the physical block is 4 KiB; the file system may demand more (it refuses with
+    ``EINVAL``).  A file shorter than two blocks proves nothing and gets ``ALIGN``."""
+    try:
+        size = os.fstat(fd).st_size
+    except OSError:
+        return ALIGN
+    buf = aligned_empty(ALIGN)
+    for b in _BLOCK_SIZES:
+        if size < 2 * b:
+            break
+        try:
+            if os.preadv(fd, [memoryview(buf[:b])], b) == b:
+                return b
+        except OSError:
+            continue
+    return ALIGN
 
 
 def aligned_empty(nbytes: int, align: int = ALIGN) -> np.ndarray:
@@ -406,14 +435,26 @@ class DiskRows:
         max_run: largest gather request in bytes (staging per thread / AIO slot); with native AIO
             at most ``AIO_STAGING_BYTES / aio_depth`` (but at least 4 pages and one row).
         aio_depth: gather requests in flight with native AIO (0 = pread threads only).
+        gather_align: with O_DIRECT, the block a gather request's offset and size are rounded
+            to (:attr:`gather_align`): 512, 1024, 2048 or 4096 bytes; None = the smallest the
+            file accepts, found by one probing read (see :func:`_direct_block`).  Ranges are
+            always rounded to ``ALIGN``.
+
+    Attributes:
+        gather_align: bytes a gather request is aligned to (1 for buffered reads): the device's
+            logical block where ``O_DIRECT`` accepts it (512 bytes on most disks, whose physical
+            block is often 4 KiB), else ``ALIGN``.  A 512-byte row then costs 512 bytes of
+            transfer, not 4 KiB.
 
     Raises:
         FileNotFoundError: a chunk file is missing.
+        ValueError: ``gather_align`` not one of the sizes above.
     """
 
     def __init__(self, arr: RawArray, direct: bool = False, threads: int = 8,
                  piece: int = 1 << 20, range_threads: int | None = None, gap: int | None = None,
-                 max_run: int = MISS_RUN_BYTES, aio_depth: int = AIO_DEPTH) -> None:
+                 max_run: int = MISS_RUN_BYTES, aio_depth: int = AIO_DEPTH,
+                 gather_align: int | None = None) -> None:
         self.arr = arr
         self.shape = arr.shape
         self.dtype = arr.dtype
@@ -445,12 +486,22 @@ class DiskRows:
             self.direct = False
         self.fds = np.asarray(fds, dtype=np.int32)
         self.align = ALIGN if self.direct else 1
+        if not self.direct:
+            self.gather_align = 1
+        elif gather_align is not None:
+            if gather_align not in _BLOCK_SIZES + (ALIGN,):
+                raise ValueError(f"gather_align {gather_align} is not one of "
+                                 f"{', '.join(map(str, _BLOCK_SIZES + (ALIGN,)))}")
+            self.gather_align = int(gather_align)
+        else:
+            self.gather_align = _direct_block(int(self.fds[0]), arr.chunk_path(0))
         self.gap = (16 << 10 if self.direct else 0) if gap is None else max(0, int(gap))
         if self.direct and aio_depth > 0:  # the AIO slots' staging stays within AIO_STAGING_BYTES
             slot = AIO_STAGING_BYTES // aio_depth // ALIGN * ALIGN
             max_run = min(int(max_run), max(4 * ALIGN, slot))
-        self.max_run = max(int(max_run), -(-(self.row_bytes + self.align - 1) // self.align)
-                           * self.align)
+        # whole pages, so that every staging slot stays page aligned; at least one row's request
+        self.max_run = max(int(max_run) if not self.direct else -(-int(max_run) // ALIGN) * ALIGN,
+                           -(-(self.row_bytes + self.align - 1) // self.align) * self.align)
         self.counters = IOCounters()
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="ooc-read") \
             if self.threads > 1 else None
@@ -582,7 +633,8 @@ class DiskRows:
     # ------------------------------------------------------------------ gathers
     def plan(self, uniq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """:func:`plan_runs` of sorted unique row ids with this reader's alignment, gap, run cap."""
-        return plan_runs(uniq, self.row_bytes, self.chunk_bytes, self.align, self.gap, self.max_run)
+        return plan_runs(uniq, self.row_bytes, self.chunk_bytes, self.gather_align, self.gap,
+                         self.max_run)
 
     def gather(self, ids: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
         """Rows ``arr[ids]`` (any order, duplicates allowed) with sorted, coalesced reads.
@@ -596,7 +648,8 @@ class DiskRows:
             out: optional destination ``(n, *row_shape)`` of the array's dtype, C-contiguous.
 
         Returns:
-            ``(rows, bytes read from disk)`` -- with O_DIRECT whole 4 KiB pages are read, gaps
+            ``(rows, bytes read from disk)`` -- with O_DIRECT whole blocks of
+            :attr:`gather_align` bytes are read, gaps
             merged into a request too, and all of it counted.
 
         Raises:
@@ -996,9 +1049,9 @@ class NeighborReader:
     Topology out of core: ``indptr`` stays in memory (8 bytes per node).  Each :meth:`read` turns
     the lists of the nodes that are not hot into their row ids in ``topology/indices`` and reads
     them with one :meth:`DiskRows.gather` (sorted, coalesced into requests -- with ``O_DIRECT``
-    whole 4 KiB pages and holes up to ``gap`` bytes are read through -- and ``aio_depth`` requests
-    in flight through Linux native AIO with ``O_DIRECT``, else spread over ``threads`` pread
-    threads), in pieces of at most ``chunk_edges`` ids so that the row-id scratch stays bounded
+    whole blocks of :attr:`DiskRows.gather_align` bytes and holes up to ``gap`` bytes are read
+    through -- and ``aio_depth`` requests in flight through Linux native AIO with ``O_DIRECT``,
+    else spread over ``threads`` pread threads), in pieces of at most ``chunk_edges`` ids so that the row-id scratch stays bounded
     (about 60 bytes per id read: row ids, their order, the request plan).  Lists of nodes in
     ``hot`` are copied from memory.
 

@@ -224,3 +224,50 @@ def test_truncated_chunk_is_an_error_with_native_aio(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         rows.gather(np.array([5, 4096 + 200, 9000]))
     rows.close()
+
+
+def test_gathers_align_to_the_smallest_direct_block_the_file_accepts(tmp_path: Path) -> None:
+    """Where the device's logical block (512 B) is smaller than a page, a gather request of one
+    512-byte row reads 512 bytes, not 4 KiB; the rows are the same at every block size; ranges
+    stay page aligned."""
+    x, ra = _store(tmp_path)
+    probe = DiskRows(ra, direct=True, gap=0)
+    if not probe.direct:
+        pytest.skip("file system refuses O_DIRECT")
+    if probe.gather_align == ALIGN:
+        pytest.skip("this device's direct reads need whole pages")
+    assert probe.gather_align in (512, 1024, 2048)
+    assert probe.align == ALIGN and probe.span(1, 2) == (0, ALIGN, 512)  # ranges: whole pages
+    probe.close()
+    ids = np.arange(3, 20000, 97)  # rows 97 apart: one request each
+    for aio_depth in (8, 0):
+        got = {}
+        for block in (512, ALIGN):
+            rows = DiskRows(ra, direct=True, gap=0, aio_depth=aio_depth, gather_align=block)
+            out, nbytes = rows.gather(ids)
+            assert np.array_equal(out, x[ids])
+            got[block] = (nbytes, rows.counters.requests)
+            rows.close()
+        assert got[512] == (ids.shape[0] * 512, ids.shape[0])
+        assert got[ALIGN] == (ids.shape[0] * ALIGN, ids.shape[0])
+
+
+def test_gathers_of_rows_straddling_direct_blocks(tmp_path: Path) -> None:
+    """300-byte rows cross 512-byte blocks: each request covers its rows' whole blocks, the rows
+    read back exactly, and the last chunk's end (not a block multiple) reads short but whole."""
+    x = np.random.default_rng(4).integers(0, 255, size=(7000, 300), dtype=np.uint8)
+    write_array(tmp_path / "y", x)  # one chunk file of 2,100,000 bytes
+    ra = RawArray(tmp_path / "y")
+    rows = DiskRows(ra, direct=True, gap=0, gather_align=512)
+    if not rows.direct:
+        pytest.skip("file system refuses O_DIRECT")
+    ids = np.array([0, 1, 2, 500, 3333, 6998, 6999])
+    out, nbytes = rows.gather(ids)
+    assert np.array_equal(out, x[ids])
+    _, _, size, _ = rows.plan(np.unique(ids))
+    # rows 0-2: bytes [0, 900) -> 1,024; 500: [150000, 150300) -> [149504, 150528): 1,024;
+    # 3333: [999900, 1000200) -> [999424, 1000448): 1,024; 6998-6999: [2099400, 2100000) -> 1,024
+    assert size.tolist() == [1024, 1024, 1024, 1024] and nbytes == 4096
+    rows.close()
+    with pytest.raises(ValueError, match="gather_align 100"):
+        DiskRows(ra, direct=True, gather_align=100)
