@@ -310,7 +310,7 @@ class TrainConfig:
     output_dir: str = _opt("runs/latest", "run", "run directory")
     checkpoint_every: int = _opt(0, "run", "also checkpoint every N training steps (0 = only at "
                                  "epoch ends)")
-    progress: bool = _opt(True, "run", "progress bar")
+    progress: bool = _opt(True, "run", "progress bar (--no-progress: none; the per-epoch lines print either way)")
 
     # ------------------------------------------------------------------ conversions
     def to_dict(self) -> dict:

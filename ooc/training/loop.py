@@ -600,6 +600,8 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
                 msg += f" {task.select} {rec[task.select]:.4f} {task.test_key} {rec[task.test_key]:.4f}"
             if cfg.progress:
                 bar.write(msg)
+            elif job.is_main:  # without the bar (--no-progress) the epoch lines still print
+                print(msg, flush=True)
             log.info(msg)
             st.epoch, st.step = epoch + 1, 0
             if st.stopped_early:

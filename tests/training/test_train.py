@@ -95,6 +95,9 @@ def test_cli_train_on_cora(cora_dataset: Path, tmp_path: Path, capsys: pytest.Ca
     assert rc == 0
     out = capsys.readouterr().out
     assert "test accuracy" in out
+    # no bar, but one line per epoch still
+    assert [ln.split(":")[0] for ln in out.splitlines() if ln.startswith("epoch ")][:100] == \
+        [f"epoch {i}" for i in range(100)]
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert m["test_acc"] >= 0.78  # GCN on Cora: 81.5 published; one seed, 100 epochs
 
