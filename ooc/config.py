@@ -556,6 +556,9 @@ def validate_data_options(cfg: "TrainConfig") -> None:
                 parse_bytes(getattr(cfg, f.name))
             except ValueError as e:
                 raise ValueError(f"--{f.name.replace('_', '-')}: {e}") from None
+    if cfg.memory_budget and parse_bytes(cfg.memory_budget) == 0:
+        raise ValueError(f"{option_flag('memory_budget')} {cfg.memory_budget}: a budget must be "
+                         "positive (leave it out to run without one)")
     if cfg.topology not in ("auto", "memory", "mmap", "disk"):
         raise ValueError(f"{option_flag('topology')} must be auto, memory, mmap or disk, got {cfg.topology!r}")
     if cfg.hot_topology not in ("", "auto") and parse_bytes(cfg.hot_topology) \

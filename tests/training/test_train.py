@@ -220,6 +220,10 @@ def test_a_bad_size_in_a_config_names_its_option(planted_dataset: Path, tmp_path
             _cfg(planted_dataset, tmp_path / "a", **{key: "-16MB"}).validate()
         with pytest.raises(ValueError, match=rf"^{flag}: cannot parse size 'lots'"):
             _cfg(planted_dataset, tmp_path / "a", **{key: "lots"}).validate()
+    for zero in ("0", "0MB"):  # a zero budget is not a budget (no run fits it)
+        with pytest.raises(ValueError, match=rf"^--memory-budget .data.memory_budget. {zero}: a budget "
+                                             "must be positive .leave it out"):
+            _cfg(planted_dataset, tmp_path / "a", memory_budget=zero).validate()
 
 
 def test_bad_options_and_setup_errors_leave_no_run_folder(planted_dataset: Path, tmp_path: Path) -> None:
