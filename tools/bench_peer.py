@@ -8,7 +8,8 @@ DGL's ``train_dgl.py`` (NeighborSampler + DataLoader + SAGEConv, in memory, in i
 environment with torch 2.2.1: ``--dgl-python``), then ooc in every ``--modes`` entry (each followed by
 the same run of ``--baseline-python``'s ooc, an older checkout, when given) -- ``resident``
 (every partition resident: hybrid with a budget above the dataset, which is exact's plan), ``hybrid``,
-``hybrid-pq`` (``--miss-features pq``; the dataset is compressed first if it has no codes) and
+``hybrid-pq`` (``--miss-features pq``; the dataset is compressed first if it has no codes),
+``hybrid-pq-auto`` (``--miss-features auto``: the budget split decides, codes made likewise) and
 ``exact`` (its default read-ahead windows; ``exact-cache``: ``--read-ahead 0``, per-batch reads
 behind the CPU row cache; ``exact-belady``: with ``--cache-policy belady``; ``hybrid-serial`` and
 ``exact-serial``: ``--sample-ahead 0``, batches sampled on the loader thread; ``-layerwise`` and
@@ -41,8 +42,9 @@ from pathlib import Path
 __all__ = ["PEER_MODES", "run_bench_peer", "add_bench_peer"]
 
 #: --modes entries
-PEER_MODES = ("resident", "hybrid", "hybrid-pq", "hybrid-serial", "hybrid-layerwise", "hybrid-sampled", "exact",
-              "exact-cache", "exact-belady", "exact-serial", "exact-layerwise", "exact-sampled")
+PEER_MODES = ("resident", "hybrid", "hybrid-pq", "hybrid-pq-auto", "hybrid-serial", "hybrid-layerwise",
+              "hybrid-sampled", "exact", "exact-cache", "exact-belady", "exact-serial", "exact-layerwise",
+              "exact-sampled")
 
 
 def _default_peers() -> Path:
@@ -100,6 +102,7 @@ def _mode_args(spec: str, budget: int) -> list[str]:
     args = ["--mode", "hybrid" if mode.startswith("hybrid") else "exact", "--memory-budget", str(budget),
             "--direct-io"]
     return args + (["--miss-features", "pq"] if mode == "hybrid-pq" else []) \
+        + (["--miss-features", "auto"] if mode == "hybrid-pq-auto" else []) \
         + (["--cache-policy", "belady"] if mode == "exact-belady" else []) \
         + (["--read-ahead", "0"] if mode == "exact-cache" else []) \
         + (["--sample-ahead", "0"] if mode.endswith("-serial") else []) \
@@ -108,7 +111,8 @@ def _mode_args(spec: str, budget: int) -> list[str]:
 
 
 _NAMES = {"resident": "ooc, everything resident", "hybrid": "ooc hybrid, budget {}",
-          "hybrid-pq": "ooc hybrid --miss-features pq, budget {}", "exact": "ooc exact, budget {}",
+          "hybrid-pq": "ooc hybrid --miss-features pq, budget {}",
+          "hybrid-pq-auto": "ooc hybrid --miss-features auto, budget {}", "exact": "ooc exact, budget {}",
           "exact-cache": "ooc exact --read-ahead 0, budget {}",
           "exact-belady": "ooc exact --cache-policy belady, budget {}",
           "hybrid-serial": "ooc hybrid --sample-ahead 0, budget {}",
@@ -186,7 +190,7 @@ def run_bench_peer(a: argparse.Namespace) -> dict:
                             f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB",
                  "dataset": str(dataset), **info, "budget": budget,
                  "args": {k: v for k, v in vars(a).items() if k != "func"}}
-    if any(m.partition(":")[0] == "hybrid-pq" for m in modes):  # first: adding the codes makes an older export stale
+    if any(m.partition(":")[0] in ("hybrid-pq", "hybrid-pq-auto") for m in modes):  # first: adding the codes makes an older export stale
         res["pq"] = _ensure_pq(dataset)
     res["export"] = _export(dataset, work / "npy", peers)
     runs = []

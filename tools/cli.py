@@ -440,7 +440,9 @@ def _print_summary(m: dict) -> None:
               + (f"; {refused} did not fit" if refused else "")
               + f"); predicted training read {_human(split['predicted_bytes'])} per epoch in "
               f"{split['predicted_requests']:,} request{'' if split['predicted_requests'] == 1 else 's'}"
-              f"{real}")
+              f"{real}"
+              + (f"; batches' label mix {split['class_mix'][0]:.2f} from the training set's "
+                 f"(uniform batches {split['class_mix'][1]:.2f})" if split.get("class_mix") else ""))
     if m.get("miss_features") == "pq":
         print(f"pq            {approx:,} outer-hop rows decoded from PQ codes instead of "
               f"read ({_human(b.get('compressed', 0))} of codes in the budget)")

@@ -39,9 +39,14 @@ W probed batches' misses as the reader plans it, at most the whole feature file.
 bytes / :data:`DISK_BYTES_PER_S` + requests x :data:`REQUEST_S` (O_DIRECT with 32 requests in flight on this project's development VM; with
 the default 128 a request costs about half that there, which the constant does not follow).  Buffer
 mode samples inside the resident partitions: it reads only its partition loads (their in-edges too
-with the topology on disk).  Of the splits within :data:`TIE` (5%) of the fewest predicted seconds
-the one with the most partition slots is kept, then the first tried (memory before disk, no PQ before
-PQ, no cache first).
+with the topology on disk).  The cost model counts I/O, but fewer slots also mean smaller buffer
+states, whose batches hold the classes of a few partitions (partitions follow communities, hence
+labels): in ``buffer`` / ``hybrid`` node tasks with one class per node, a split whose epoch plan's
+batches are further than :data:`MIX_EXCESS` from the training set's label mix beyond i.i.d.
+batches' is kept only where no split is within it (then the nearest ones compete).  Of the splits
+left, those within :data:`TIE` (5%) of the fewest predicted seconds compete, and the one with the
+most partition slots is kept, then the first tried (memory before disk, no PQ before PQ, no cache
+first).
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ooc.data.budget import BudgetPlan, _batch_extent
-from ooc.data.plan import plan_classes, plan_exact, plan_states
+from ooc.data.plan import class_mix_distance, plan_classes, plan_exact, plan_states
 from ooc.kernels.disk_sampling import sample_blocks_lists
 from ooc.kernels.rng import batch_key
 from ooc.kernels.sampling import SampledSubgraph
@@ -99,6 +104,15 @@ AUTO_HOT_SHARES = (0.125, 0.25, 0.5)
 #: once planned by the run's readers (10% before, when they ran 5-20% off); at 10% lists on disk
 #: with 34 slots won there over the topology in memory with 20 and trained 16% slower.
 TIE = 0.05
+#: Largest excess of a plan's batch label mix over i.i.d. batches (mean total-variation distance
+#: from the training set's class fractions, :func:`~ooc.data.plan.class_mix_distance`, minus that
+#: of :func:`~ooc.data.plan.plan_exact`'s batches) a split may have where another split stays
+#: within it.  Measured on the 2 M-node bench (16 planted classes, METIS 256, hybrid, mix 0.25,
+#: i.i.d. 0.10): 12 partitions per state +0.04, test accuracy after 10 epochs 0.4 points below
+#: everything in memory; free seeds from lanes +0.17, 1.5 points below; 5 per state (the PQ
+#: split of 8 slots) +0.33, 11.6 points below after one epoch.  The demo graph (8 partitions, one
+#: class each): 1 per state +0.59 (test accuracy 0.67 after one epoch), 3 per state +0.37 (0.93).
+MIX_EXCESS = 0.10
 #: Evaluation batches whose no-deduplication bound exceeds this many rows are not probed (their
 #: full neighbourhoods would take long to read); the bound is used.
 PROBE_EVAL_MAX_ROWS = 4_000_000
@@ -184,6 +198,16 @@ class SplitChoice:
     hot_bits: np.ndarray | None = None
     #: an interrupted run's choice, taken from its checkpoint (:meth:`record`), not probed again
     reused: bool = False
+    #: ``(distance, i.i.d. distance)``: the label mix of its epoch plan's batches
+    #: (:func:`~ooc.data.plan.class_mix_distance`) and of uniform batches; None where the task
+    #: has no single class per node or the mode plans no buffer states
+    class_mix: tuple[float, float] | None = None
+
+    @property
+    def class_excess(self) -> float:
+        """How much further from the training set's label mix its batches are than i.i.d.
+        batches (0.0 where :attr:`class_mix` is None)."""
+        return 0.0 if self.class_mix is None else max(0.0, self.class_mix[0] - self.class_mix[1])
 
     def describe(self) -> str:
         """One line: what stays in memory and the predicted reads."""
@@ -226,6 +250,7 @@ class SplitChoice:
                 "slots": self.plan.slots, "read_ahead": self.plan.read_ahead,
                 "predicted_bytes": int(self.predicted.bytes),
                 "predicted_requests": int(self.predicted.requests),
+                "class_mix": None if self.class_mix is None else list(self.class_mix),
                 "candidates": [{"split": lab, "predicted_bytes": None if c is None else int(c.bytes),
                                 "predicted_requests": None if c is None else int(c.requests),
                                 "refused": why} for lab, c, why in self.candidates]}
@@ -418,6 +443,9 @@ class _StateStats:
     misses: list[np.ndarray] = field(default_factory=list)
     inner_misses: list[np.ndarray] = field(default_factory=list)
     fetches: list[list[np.ndarray]] = field(default_factory=list)
+    #: mean distance of the plan's batches from the training set's label mix (None: no classes,
+    #: or exact / one-state plans)
+    class_distance: float | None = None
     _list_reads: dict = field(default_factory=dict)
     _miss_reads: dict = field(default_factory=dict)
 
@@ -477,6 +505,7 @@ def _probe_states(cfg: "TrainConfig", ds: Dataset, probe: ListProbe, offsets: np
     num_parts = offsets.shape[0] - 1
     part_of = np.searchsorted(offsets, ids, side="right") - 1
     slots = min(slots, num_parts)
+    distance: float | None = None
     if cfg.mode == "exact" or state_slots >= num_parts:
         plan = plan_exact(ids, cfg.batch_size, cfg.seed, 0)
         held = list(range(num_parts if state_slots >= num_parts else slots))
@@ -484,17 +513,19 @@ def _probe_states(cfg: "TrainConfig", ds: Dataset, probe: ListProbe, offsets: np
         batch_state = [0] * len(plan.batches)
         upcoming: list[list[int]] = [[]]
     else:
+        cls = plan_classes(ds.labels if ds.has("labels") else None, ids)
         plan = plan_states(ids, part_of, num_parts, state_slots, cfg.batch_size, cfg.seed, 0,
                            cfg.ordering, group, None,
-                           mix=cfg.hybrid_mix if cfg.mode == "hybrid" else 0.0,
-                           classes=plan_classes(ds.labels if ds.has("labels") else None, ids))
+                           mix=cfg.hybrid_mix if cfg.mode == "hybrid" else 0.0, classes=cls)
         states, batch_state, upcoming = plan.states, plan.batch_state, plan.upcoming
+        if cls is not None:
+            distance = class_mix_distance(plan.batches, ids, cls)
     loads = float(sum(len(set(s) - set(states[i - 1] if i else [])) for i, s in enumerate(states)))
     if cfg.mode == "exact":
         loads /= max(cfg.epochs, 1)
     if cfg.mode == "buffer":  # no misses and no list reads: only the loads matter
         empty = np.zeros(0, dtype=np.int64)
-        return _StateStats(empty, empty, empty, loads, len(plan.batches))
+        return _StateStats(empty, empty, empty, loads, len(plan.batches), class_distance=distance)
     out: dict[str, list] = {k: [] for k in ("rows", "resident", "outer")}
     misses: list[np.ndarray] = []
     inner_misses: list[np.ndarray] = []
@@ -518,7 +549,7 @@ def _probe_states(cfg: "TrainConfig", ds: Dataset, probe: ListProbe, offsets: np
         fetches.append(probe.fetched)
     arr = {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
     return _StateStats(arr["rows"], arr["resident"], arr["outer"], loads, len(plan.batches), misses,
-                       inner_misses, fetches)
+                       inner_misses, fetches, distance)
 
 
 def _cache_hit(degrees: np.ndarray, misses_per_batch: float, cache_rows: int) -> float:
@@ -609,13 +640,29 @@ def _epoch_cost(cfg: "TrainConfig", ds: Dataset, st: _StateStats, plan: BudgetPl
     return sum(parts.values(), ReadCost())
 
 
+def _iid_distance(cfg: "TrainConfig", ds: Dataset) -> float:
+    """:func:`~ooc.data.plan.class_mix_distance` of uniform batches of the training ids (epoch 0
+    of :func:`~ooc.data.plan.plan_exact`): where a state plan's batches are measured from."""
+    ids = ds.split("train")
+    cls = plan_classes(ds.labels if ds.has("labels") else None, ids)
+    assert cls is not None
+    return class_mix_distance(plan_exact(ids, cfg.batch_size, cfg.seed, 0).batches, ids, cls)
+
+
 def _keep(splits: list[SplitChoice]) -> SplitChoice:
-    """The split to keep: among those within :data:`TIE` of the fewest predicted seconds, the one
-    with the most partition slots (larger states: fewer cut edges in buffer mode, more hits
-    elsewhere), then the first tried.  Measured against the minimum, not split by split, so that
-    a chain of near-ties cannot drift away from it."""
-    least = min(c.predicted.seconds for c in splits)
-    near = [c for c in splits if c.predicted.seconds <= least * (1 + TIE)]
+    """The split to keep.  First the label mix: the splits whose batches are within
+    :data:`MIX_EXCESS` of i.i.d. batches' (:attr:`SplitChoice.class_excess`), or, where none is,
+    those within half of it of the nearest (a budget that holds only small states still trains on
+    the best mixed batches it can plan).  Of those, the ones within :data:`TIE` of the fewest
+    predicted seconds, and of these the one with the most partition slots (larger states: fewer
+    cut edges in buffer mode, more hits elsewhere), then the first tried.  Measured against the
+    minimum, not split by split, so that a chain of near-ties cannot drift away from it."""
+    mixed = [c for c in splits if c.class_excess <= MIX_EXCESS]
+    if not mixed:
+        nearest = min(c.class_excess for c in splits)
+        mixed = [c for c in splits if c.class_excess <= nearest + MIX_EXCESS / 2]
+    least = min(c.predicted.seconds for c in mixed)
+    near = [c for c in mixed if c.predicted.seconds <= least * (1 + TIE)]
     return max(near, key=lambda c: c.plan.slots)  # max keeps the first of equals
 
 
@@ -655,6 +702,7 @@ def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
     own = probe is None
     probe = probe or ListProbe(ds, indptr, cfg)
     stats: dict[tuple[int, int], _StateStats] = {}
+    iid: list[float] = []  # the label mix of uniform batches, measured once where a plan has one
     fitted: list[SplitChoice] = []
     tried: list[tuple[str, ReadCost | None, str]] = []
     last_err: ValueError | None = None
@@ -701,8 +749,13 @@ def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
                     cost = _epoch_cost(cfg, ds, stats[key], plan, topo, pq, degrees, probe, offsets,
                                        bits, hot)
                     tried.append((label, cost, ""))
+                    mix = None
+                    if stats[key].class_distance is not None:
+                        if not iid:
+                            iid.append(_iid_distance(cfg, ds))
+                        mix = (stats[key].class_distance, iid[0])
                     fitted.append(SplitChoice(topo, pq, size, plan, cost, hot_topology=hot,
-                                              hot_bits=bits))
+                                              hot_bits=bits, class_mix=mix))
     finally:
         if own:
             probe.close()
@@ -717,4 +770,7 @@ def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
     for lab, c, why in tried:
         log.debug("split %s: %s", lab, why or f"{format_bytes(int(c.bytes))}, {int(c.requests):,} "
                   f"requests, {c.seconds:.2f} s")
+    if best.class_mix is not None:
+        log.debug("batches' label mix of the kept split: %.3f from the training set's (i.i.d. %.3f)",
+                  *best.class_mix)
     return best

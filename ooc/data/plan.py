@@ -29,7 +29,7 @@ from ooc.contracts import Plan
 from ooc.data.ordering import assign_buckets, beta_states, node_states
 
 __all__ = ["plan_exact", "plan_own", "plan_states", "plan_cluster_states", "plan_bucket_states",
-           "upcoming_of", "shard_plan", "deal_stratified", "plan_classes", "class_strata",
+           "upcoming_of", "shard_plan", "deal_stratified", "plan_classes", "class_strata", "class_mix_distance",
            "FREE_LANES", "STRATIFY_CANDIDATES", "PACE_WEIGHT"]
 
 #: Lanes of a hybrid plan's free seeds (``mix``): every batch takes its free seeds from each, so
@@ -248,6 +248,42 @@ def plan_classes(labels: np.ndarray | None, ids: np.ndarray) -> np.ndarray | Non
             or not np.issubdtype(np.asarray(labels[:0]).dtype, np.integer):
         return None
     return np.asarray(labels[ids]).astype(np.int64)
+
+
+def class_mix_distance(batches: list[np.ndarray], ids: np.ndarray, classes: np.ndarray) -> float:
+    """How far a plan's batches are from the training set's label mix: the mean over batches of
+    the total-variation distance ``0.5 * sum_c |f_b(c) - f(c)|`` between a batch's class fractions
+    ``f_b`` and those of all ``ids`` (``f``), in [0, 1].  i.i.d. batches of ``B`` seeds are at
+    ``O(sqrt(C / B))`` already (:func:`plan_exact`'s batches measure it); a buffer state of a few
+    class-aligned partitions puts most of a batch in a few classes.
+
+    Args:
+        batches: int64 node ids per batch, each id one of ``ids``.
+        ids: int64 [T] the training ids; classes: int64 [T] their classes (:func:`plan_classes`;
+            negative: unlabelled, counted as one class of its own).
+
+    Returns:
+        The mean distance (0.0 without non-empty batches).
+
+    Raises:
+        ValueError: a batch holds an id that is not in ``ids``.
+    """
+    ids = np.asarray(ids, dtype=np.int64)
+    order = np.argsort(ids, kind="stable")
+    sids = ids[order]
+    scls = np.where(np.asarray(classes, dtype=np.int64) < 0, -1, classes)[order] + 1
+    k = int(scls.max()) + 1 if scls.size else 1
+    g = np.bincount(scls, minlength=k) / max(scls.shape[0], 1)
+    dists = []
+    for b in batches:
+        if b.shape[0] == 0:
+            continue
+        at = np.searchsorted(sids, b)
+        if (at >= sids.shape[0]).any() or (sids[np.minimum(at, sids.shape[0] - 1)] != b).any():
+            raise ValueError("a batch holds an id that is not a training id")
+        f = np.bincount(scls[at], minlength=k) / b.shape[0]
+        dists.append(0.5 * float(np.abs(f - g).sum()))
+    return float(np.mean(dists)) if dists else 0.0
 
 
 def _free_quotas(cuts: list[np.ndarray], num_free: int, batch_size: int) -> np.ndarray:

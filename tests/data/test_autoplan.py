@@ -148,6 +148,67 @@ def test_near_ties_are_measured_against_the_fewest_seconds() -> None:
     assert _keep([a, b, d]) is b and _keep([a, d, b]) is d
 
 
+def test_splits_far_from_the_label_mix_give_way() -> None:
+    """Splits a (fewest seconds, batches +0.50 over i.i.d.'s label mix), b (10% slower, +0.30), c
+    (20% slower, +0.05): c is the only one within MIX_EXCESS and is kept; without c none is, and b,
+    the nearest, is kept over a (further than MIX_EXCESS / 2 past it); splits without a label mix
+    (no classes) compete on seconds alone."""
+    from types import SimpleNamespace
+
+    from ooc.data.autoplan import MIX_EXCESS, SplitChoice, _keep
+    assert MIX_EXCESS == 0.10
+    def split(seconds: float, slots: int, excess: float | None) -> SplitChoice:
+        mix = None if excess is None else (0.1 + excess, 0.1)
+        return SplitChoice("memory", False, None, SimpleNamespace(slots=slots),  # type: ignore[arg-type]
+                           ReadCost(0.0, seconds / 2e-5), class_mix=mix)
+    a, b, c = split(10.0, 1, 0.5), split(11.0, 2, 0.3), split(12.0, 4, 0.05)
+    assert a.class_excess == pytest.approx(0.5) and split(1.0, 1, None).class_excess == 0.0
+    assert _keep([a, b, c]) is c and _keep([c, a, b]) is c
+    assert _keep([a, b]) is b
+    near = split(10.2, 1, 0.34)  # within MIX_EXCESS / 2 of b, and faster: kept
+    assert _keep([a, b, near]) is near
+    assert _keep([split(10.0, 1, None), split(11.0, 8, None)]).predicted.seconds == pytest.approx(10.0)
+
+
+def _class_aligned(tmp_path: Path) -> Path:
+    """The planted graph of ``planted_dataset`` (3,000 nodes, 4 classes) with its nodes renumbered
+    by class, so each of its 8 contiguous partitions holds one class (as METIS partitions follow
+    communities)."""
+    from ooc.ingest.convert import write_graph_dataset
+    from ooc.kernels.generators import planted_partition
+    from ooc.kernels.partition import contiguous_partitions
+    g = planted_partition(3000, num_classes=4, avg_degree=8, feat_dim=16, noise=2.0, seed=1,
+                          train_frac=0.3)
+    order = np.argsort(g.labels, kind="stable")
+    new = np.empty_like(order)
+    new[order] = np.arange(order.shape[0])
+    splits = {k: np.sort(new[v]) for k, v in (("train", g.train), ("valid", g.valid), ("test", g.test))}
+    return write_graph_dataset(tmp_path / "aligned", g.num_nodes, new[g.src], new[g.dst],
+                               g.features[order], g.labels[order], splits, g.num_classes, "aligned",
+                               partition_offsets=contiguous_partitions(3000, 8))
+
+
+def test_the_split_keeps_batches_near_the_label_mix(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hybrid on 8 one-class partitions under 700 kB: on predicted reads alone the split keeps the
+    topology in memory with 3 partitions per state (batches 0.19 further from the label mix than
+    uniform batches); weighing the mix it keeps the lists on disk and 4 per state (+0.11, the
+    nearest any split plans), for more predicted seconds."""
+    import ooc.data.autoplan as autoplan
+    path = _class_aligned(tmp_path)
+    kw = dict(mode="hybrid", memory_budget="700kB", prefetch=0)
+    mixed = _plan(path, **kw)
+    monkeypatch.setattr(autoplan, "MIX_EXCESS", 1.0)
+    io_only = _plan(path, **kw)
+    assert io_only.split is not None and mixed.split is not None
+    assert io_only.split.class_mix is not None and mixed.split.class_mix is not None
+    assert io_only.split.class_mix[1] == mixed.split.class_mix[1] > 0  # the same uniform batches
+    assert (io_only.topology, io_only.plan.state_slots) == ("memory", 3)
+    assert (mixed.topology, mixed.plan.state_slots) == ("disk", 4)
+    assert mixed.split.class_excess < io_only.split.class_excess - 0.05
+    assert mixed.split.predicted.seconds > io_only.split.predicted.seconds
+
+
 def test_everything_resident_when_it_fits(planted_dataset: Path) -> None:
     """A budget that holds the topology beside every feature row: topology in memory, all 8
     partitions resident, no cache, and the only predicted read is loading the features once."""

@@ -14,7 +14,8 @@ import torch
 
 from ooc.config import TrainConfig
 from ooc.data.path import build_data_path
-from ooc.data.plan import FREE_LANES, class_strata, plan_classes, plan_exact, plan_states
+from ooc.data.plan import (FREE_LANES, class_mix_distance, class_strata, plan_classes, plan_exact,
+                           plan_states)
 from ooc.storage.io import DiskRows, NeighborReader
 from ooc.kernels.disk_sampling import sample_blocks_lists
 from ooc.kernels.graph import build_csc
@@ -227,7 +228,7 @@ def test_stratified_states_bring_bound_seeds_near_the_class_mix() -> None:
                              group=8, classes=c) for e in range(2)]
         for plan in plans:
             assert np.array_equal(np.sort(np.concatenate(plan.batches)), train_ids)
-        tv[how] = np.mean([_class_tv(p.batches, label_of, g) for p in plans])
+        tv[how] = np.mean([class_mix_distance(p.batches, train_ids, label_of[train_ids]) for p in plans])
         again = plan_states(train_ids, part, parts, 16, 256, seed=0, epoch=1, ordering="comet",
                             group=8, classes=c)
         assert all(np.array_equal(a, b) for a, b in zip(again.batches, plans[1].batches))
@@ -307,11 +308,25 @@ def test_state_plan_packs_partial_batches_of_a_state() -> None:
         assert np.mean(inside) > 0.72  # 3/4 state seeds, + free seeds (3% of them land inside)
 
 
-def _class_tv(batches: list[np.ndarray], label_of: np.ndarray, g: np.ndarray) -> float:
-    """Mean total-variation distance of the batches' class mixes from ``g``."""
-    k = g.shape[0]
-    return float(np.mean([0.5 * np.abs(np.bincount(label_of[b], minlength=k) / b.shape[0] - g).sum()
-                          for b in batches]))
+def test_class_mix_distance_of_small_plans() -> None:
+    """Eight training nodes, half of class 0 and half of class 1: batches of one class each are
+    0.5 from the mix, mixed pairs 0, one pure and one mixed 0.25; an unlabelled node (-1) counts
+    as a class of its own; empty batches are skipped; an id outside the training ids is refused."""
+    ids = np.array([10, 11, 12, 13, 20, 21, 22, 23])
+    cls = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    assert class_mix_distance([ids[:2], ids[4:6]], ids, cls) == pytest.approx(0.5)
+    assert class_mix_distance([np.array([10, 20]), np.array([21, 11])], ids, cls) == 0.0
+    assert class_mix_distance([np.array([10, 11]), np.array([12, 22]), np.array([], dtype=np.int64)],
+                              ids, cls) == pytest.approx(0.25)
+    # classes -1, 0, 1 at 2/8, 2/8, 4/8: the batch [30, 31] is all of class -1 -> 0.75
+    ids2 = np.array([30, 31, 10, 11, 20, 21, 22, 23])
+    cls2 = np.array([-1, -1, 0, 0, 1, 1, 1, 1])
+    assert class_mix_distance([np.array([31, 30])], ids2, cls2) == pytest.approx(0.75)
+    assert class_mix_distance([], ids, cls) == 0.0
+    with pytest.raises(ValueError, match="not a training id"):
+        class_mix_distance([np.array([10, 14])], ids, cls)
+    with pytest.raises(ValueError, match="not a training id"):
+        class_mix_distance([np.array([99])], ids, cls)
 
 
 def test_stratified_free_seeds_bring_batches_near_the_class_mix() -> None:
@@ -343,7 +358,7 @@ def test_stratified_free_seeds_bring_batches_near_the_class_mix() -> None:
             inside = [np.isin(part_node[b], plan.states[s]).mean()
                       for b, s in zip(plan.batches, plan.batch_state)]
             assert np.mean(inside) > 0.72  # the state seeds stay: 3/4 of every batch
-        tv[how] = np.mean([_class_tv(p.batches, label_of, g) for p in plans])
+        tv[how] = np.mean([class_mix_distance(p.batches, train_ids, label_of[train_ids]) for p in plans])
         again = plan_states(train_ids, part, parts, 16, 256, seed=0, epoch=1, ordering="comet",
                             group=8, mix=0.25, classes=cls)
         assert all(np.array_equal(a, b) for a, b in zip(again.batches, plans[1].batches))

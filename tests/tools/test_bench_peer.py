@@ -15,7 +15,8 @@ def test_every_mode_is_a_train_command_line_with_a_name(mode: str) -> None:
     ns = build_parser().parse_args(["train", "DS", *args])
     assert ns.mode == ("exact" if mode.startswith("exact") else "hybrid")
     assert mode in _NAMES
-    want = {"hybrid-pq": ["--miss-features", "pq"], "exact-cache": ["--read-ahead", "0"],
+    want = {"hybrid-pq": ["--miss-features", "pq"], "hybrid-pq-auto": ["--miss-features", "auto"],
+            "exact-cache": ["--read-ahead", "0"],
             "exact-belady": ["--cache-policy", "belady"], "hybrid-serial": ["--sample-ahead", "0"],
             "exact-serial": ["--sample-ahead", "0"], "hybrid-layerwise": ["--eval-mode", "layerwise"],
             "exact-layerwise": ["--eval-mode", "layerwise"], "hybrid-sampled": ["--eval-mode", "sampled"],
