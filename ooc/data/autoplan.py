@@ -495,12 +495,14 @@ def _state_probe_batches(cfg: "TrainConfig", num_nodes: int) -> int:
 
 
 def _probe_states(cfg: "TrainConfig", ds: Dataset, probe: ListProbe, offsets: np.ndarray,
-                  state_slots: int, group: int, slots: int) -> _StateStats:
+                  state_slots: int, group: int, slots: int, classes: np.ndarray | None = None
+                  ) -> _StateStats:
     """Probe the epoch-0 plan of ``state_slots`` partitions per buffer state (COMET ``group``)
     in ``slots`` partition slots: a batch's rows are resident in its state's partitions and in
     the upcoming partitions the spare slots prefetch (:meth:`BufferManager.require`); in exact
     mode the first ``slots`` partitions are resident throughout (static residency), loaded once
-    per job."""
+    per job.  ``classes``: :func:`~ooc.data.plan.plan_classes` of the training ids (the hybrid
+    plan's free seeds are dealt by them; the plan's label mix is measured against them)."""
     ids = ds.split("train")
     num_parts = offsets.shape[0] - 1
     part_of = np.searchsorted(offsets, ids, side="right") - 1
@@ -513,13 +515,12 @@ def _probe_states(cfg: "TrainConfig", ds: Dataset, probe: ListProbe, offsets: np
         batch_state = [0] * len(plan.batches)
         upcoming: list[list[int]] = [[]]
     else:
-        cls = plan_classes(ds.labels if ds.has("labels") else None, ids)
         plan = plan_states(ids, part_of, num_parts, state_slots, cfg.batch_size, cfg.seed, 0,
                            cfg.ordering, group, None,
-                           mix=cfg.hybrid_mix if cfg.mode == "hybrid" else 0.0, classes=cls)
+                           mix=cfg.hybrid_mix if cfg.mode == "hybrid" else 0.0, classes=classes)
         states, batch_state, upcoming = plan.states, plan.batch_state, plan.upcoming
-        if cls is not None:
-            distance = class_mix_distance(plan.batches, ids, cls)
+        if classes is not None:
+            distance = class_mix_distance(plan.batches, ids, classes)
     loads = float(sum(len(set(s) - set(states[i - 1] if i else [])) for i, s in enumerate(states)))
     if cfg.mode == "exact":
         loads /= max(cfg.epochs, 1)
@@ -640,15 +641,6 @@ def _epoch_cost(cfg: "TrainConfig", ds: Dataset, st: _StateStats, plan: BudgetPl
     return sum(parts.values(), ReadCost())
 
 
-def _iid_distance(cfg: "TrainConfig", ds: Dataset) -> float:
-    """:func:`~ooc.data.plan.class_mix_distance` of uniform batches of the training ids (epoch 0
-    of :func:`~ooc.data.plan.plan_exact`): where a state plan's batches are measured from."""
-    ids = ds.split("train")
-    cls = plan_classes(ds.labels if ds.has("labels") else None, ids)
-    assert cls is not None
-    return class_mix_distance(plan_exact(ids, cfg.batch_size, cfg.seed, 0).batches, ids, cls)
-
-
 def _keep(splits: list[SplitChoice]) -> SplitChoice:
     """The split to keep.  First the label mix: the splits whose batches are within
     :data:`MIX_EXCESS` of i.i.d. batches' (:attr:`SplitChoice.class_excess`), or, where none is,
@@ -702,7 +694,12 @@ def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
     own = probe is None
     probe = probe or ListProbe(ds, indptr, cfg)
     stats: dict[tuple[int, int], _StateStats] = {}
-    iid: list[float] = []  # the label mix of uniform batches, measured once where a plan has one
+    # the label mix of uniform batches (epoch 0 of plan_exact): what state plans are measured from
+    ids = ds.split("train")
+    classes = plan_classes(ds.labels if ds.has("labels") else None, ids) \
+        if cfg.mode in ("buffer", "hybrid") else None
+    iid = None if classes is None else \
+        class_mix_distance(plan_exact(ids, cfg.batch_size, cfg.seed, 0).batches, ids, classes)
     fitted: list[SplitChoice] = []
     tried: list[tuple[str, ReadCost | None, str]] = []
     last_err: ValueError | None = None
@@ -745,15 +742,12 @@ def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
                     if cfg.mode == "exact":
                         key = (plan.num_parts if whole else 0, 1, min(plan.slots, plan.num_parts))
                     if key not in stats:
-                        stats[key] = _probe_states(cfg, ds, probe, offsets, *key)
+                        stats[key] = _probe_states(cfg, ds, probe, offsets, *key, classes)
                     cost = _epoch_cost(cfg, ds, stats[key], plan, topo, pq, degrees, probe, offsets,
                                        bits, hot)
                     tried.append((label, cost, ""))
-                    mix = None
-                    if stats[key].class_distance is not None:
-                        if not iid:
-                            iid.append(_iid_distance(cfg, ds))
-                        mix = (stats[key].class_distance, iid[0])
+                    d = stats[key].class_distance
+                    mix = None if d is None or iid is None else (d, iid)
                     fitted.append(SplitChoice(topo, pq, size, plan, cost, hot_topology=hot,
                                               hot_bits=bits, class_mix=mix))
     finally:

@@ -29,8 +29,8 @@ from ooc.contracts import Plan
 from ooc.data.ordering import assign_buckets, beta_states, node_states
 
 __all__ = ["plan_exact", "plan_own", "plan_states", "plan_cluster_states", "plan_bucket_states",
-           "upcoming_of", "shard_plan", "deal_stratified", "plan_classes", "class_strata", "class_mix_distance",
-           "FREE_LANES", "STRATIFY_CANDIDATES", "PACE_WEIGHT"]
+           "upcoming_of", "shard_plan", "deal_stratified", "plan_classes", "class_strata",
+           "class_mix_distance", "FREE_LANES", "STRATIFY_CANDIDATES", "PACE_WEIGHT"]
 
 #: Lanes of a hybrid plan's free seeds (``mix``): every batch takes its free seeds from each, so
 #: they come from up to this many partitions (one or two per lane, for coalesced reads).
