@@ -107,6 +107,12 @@ class LayerOutput:
         if isinstance(self.array, RawArray):
             self.array.close()
 
+    def discard(self) -> None:
+        """Close it and remove its on-disk array, if it has one (a scratch layer no longer read)."""
+        self.close()
+        if isinstance(self.array, RawArray):
+            shutil.rmtree(self.array.path, ignore_errors=True)
+
 
 class Propagated:
     """Layer 0's inputs for one set of targets, kept between layer-wise passes of one run.

@@ -180,11 +180,13 @@ class BudgetTooSmall(ValueError):
     Attributes:
         eval_bound: the evaluation batches are what did not fit (they are larger than the training
             batches): the run fits if evaluation uses none (layer-wise).
+        needed: the smallest budget these settings run under, in bytes (None: not computed).
     """
 
-    def __init__(self, message: str, eval_bound: bool = False) -> None:
+    def __init__(self, message: str, eval_bound: bool = False, needed: int | None = None) -> None:
         super().__init__(message)
         self.eval_bound = eval_bound
+        self.needed = needed
 
 
 @dataclass
@@ -480,12 +482,15 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                                 hidden, 0, None, float_copy, embedding_dim, extents)
             ev = _staging_bytes(n, e / max(n, 1), row_bytes, ds.feat_dim, 0, fanouts, depth, hidden,
                                 eval_batch_size, eval_fanouts, float_copy, embedding_dim, extents)
+            needed = fixed + lw * stage + slots_cost(need_slots)
             which = (f" (the larger of training batches {format_bytes(tr)}: --batch-size, --fanout, "
                      f"--prefetch; and evaluation batches {format_bytes(ev)}: --eval-batch-size, "
                      "--eval-fanout; a batch's neighbourhood is at most the whole graph)")
             raise BudgetTooSmall(
                 f"--memory-budget {format_bytes(budget)} too small"
-                + (f" for {lw} local ranks" if lw > 1 else "") + f": topology {format_bytes(topo)}"
+                + (f" for {lw} local ranks" if lw > 1 else "")
+                + f" (these settings need at least {format_bytes(needed)})"
+                + f": topology {format_bytes(topo)}"
                 + (f" (of which --hot-topology {format_bytes(hot_topology)})" if hot_topology else "")
                 + ", "
                 f"node arrays {format_bytes(nodes)}, batches in flight {format_bytes(stage)}{which}, "
@@ -509,7 +514,7 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                 + ("; or a smaller --hot-topology" if hot_topology else "")
                 + ("; or a smaller --read-ahead" if ahead else "")
                 + ("; or --miss-features disk / fewer `ooc compress --subspaces`" if compressed
-                   else "") + ")", eval_bound=ev > tr)
+                   else "") + ")", eval_bound=ev > tr, needed=needed)
         per_slot = slots_cost(1)
         if mode == "exact":
             if slots_cost(num_parts) <= avail + lw * ahead and not cache_size:

@@ -365,7 +365,7 @@ class LinkTask:
                 res[f"{prefix}_{k}"] = v
         if device.type != "cpu":
             model.decoder.to(device)
-        emb.close()
+        emb.discard()  # scratch: nothing of it is left in the run folder
         return res
 
     def close(self) -> None:

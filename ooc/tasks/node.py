@@ -160,7 +160,7 @@ def evaluate_node_layerwise(model: GNN, task: "NodeTask", device: torch.device |
     if task.ogb is not None:  # OGB's Evaluator on the same logits (datasets converted from OGB)
         res.update(task.ogb_scores(*(task.ogb.compact(torch.from_numpy(np.ascontiguousarray(
             logits.gather(ids)))) for ids in (task.val_ids, task.test_ids))))
-    logits.close()
+    logits.discard()  # scratch: nothing of it is left in the run folder
     return res
 
 

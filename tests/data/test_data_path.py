@@ -464,6 +464,27 @@ def test_hot_topology_option_checks_and_budget(metis_dataset: Path, tmp_path: Pa
     ds.close()
 
 
+def test_too_small_budget_states_the_smallest_budget_that_runs(metis_dataset: Path) -> None:
+    """The refusal names the total these settings need; that budget plans, one byte less does not."""
+    from ooc.data.budget import BudgetTooSmall, plan_budget
+    from ooc.util.sizes import format_bytes
+    ds = Dataset(metis_dataset)
+    for mode, topology in (("hybrid", "memory"), ("hybrid", "disk"), ("exact", "memory")):
+        args = dict(mode=mode, ds=ds, offsets=ds.partition_offsets, topology=topology,
+                    batch_size=64, fanouts=[5, 5], prefetch=2, hidden=16, buffer_partitions=2,
+                    cache_size=None, cache_policy="none", ordering="sequential")
+        with pytest.raises(BudgetTooSmall) as err:
+            plan_budget(budget=50_000, **args)
+        need = err.value.needed
+        assert need is not None and need > 50_000
+        assert f"need at least {format_bytes(need)}" in str(err.value)
+        plan = plan_budget(budget=need, **args)
+        assert plan.planned <= need
+        with pytest.raises(BudgetTooSmall):
+            plan_budget(budget=need - 1, **args)
+    ds.close()
+
+
 def test_buffer_mode_samples_inside_the_buffer(metis_dataset: Path, tmp_path: Path) -> None:
     cfg = _cfg(metis_dataset, tmp_path / "r", mode="buffer", buffer_partitions=4,
                ordering="sequential", topology="disk", prefetch=0)

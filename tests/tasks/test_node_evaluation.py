@@ -85,6 +85,8 @@ def test_layerwise_evaluations_after_the_first_reuse_layer0_inputs_and_score_the
     assert auto["eval_mode"] == "layerwise" and auto["losses"] == sampled["losses"]
     kept = tmp_path / "auto" / "inference" / "propagated"
     assert sorted(p.name for p in kept.iterdir()) == ["dests.npz", "propagated", "rows"]
+    # the layers spilled to disk are scratch: only the kept inputs stay in the run folder
+    assert sorted(p.name for p in kept.parent.iterdir()) == ["propagated"]
     for a, b in zip(auto["history"], sampled["history"]):
         assert a["val_acc"] == b["val_acc"] and a["test_acc"] == b["test_acc"]
         assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
