@@ -39,16 +39,16 @@ import torch
 
 from ooc.config import auto_layerwise_eval, read_ahead_batches, sample_ahead_batches
 from ooc.contracts import Batch, EdgePairs, Graph, Job, Plan, SingleProcess
-from ooc.data.autoplan import (AUTO_HOT_SHARES, Extents, ListProbe, ReadCost, SplitChoice,
-                               choose_split, feature_rows, list_reader, probe_extents)
+from ooc.data.autoplan import (AUTO_HOT_SHARES, MIX_EXCESS, Extents, ListProbe, ReadCost,
+                               SplitChoice, choose_split, feature_rows, list_reader, probe_extents)
 from ooc.data.budget import (BudgetPlan, BudgetTooSmall, RssMonitor, mmap_threshold_for, plan_budget,
                              release_free_memory, tune_allocator)
 from ooc.data.buffer import BufferManager, make_buffer
 from ooc.data.loader import BuildFn, Loader
 from ooc.data.lookahead import Lookahead, ReadAhead, SampleAhead
 from ooc.data.ordering import node_swap_lower_bound
-from ooc.data.plan import (plan_bucket_states, plan_classes, plan_cluster_states, plan_exact, plan_own,
-                           plan_states)
+from ooc.data.plan import (class_mix_distance, plan_bucket_states, plan_classes, plan_cluster_states,
+                           plan_exact, plan_own, plan_states)
 from ooc.data.resident import ResidentGraph
 from ooc.data.shared import shared_array
 from ooc.embedding import embedding_bytes
@@ -188,14 +188,33 @@ class DataPath:
                 p = plan_cluster_states(cl[ids], ids, part_of_cluster, b.num_parts, b.state_slots,
                                         c.clusters_per_batch, c.seed, e, c.ordering, b.group, start)
             else:
+                classes = plan_classes(self.labels if self.ds.has("labels") else None, ids)
                 p = plan_states(ids, self.part_of(ids), b.num_parts, b.state_slots, batch_size,
                                 c.seed, e, c.ordering, b.group, start,
-                                mix=c.hybrid_mix if c.mode == "hybrid" else 0.0,
-                                classes=plan_classes(self.labels if self.ds.has("labels") else None,
-                                                     ids))
+                                mix=c.hybrid_mix if c.mode == "hybrid" else 0.0, classes=classes)
+                if e == 0 and classes is not None and b.budget is None:
+                    self._warn_label_mix(p, ids, classes, batch_size)
             self._plans[(key0, e)] = p
             self._plans.pop((key0, e - 2), None)
         return self._plans[(key0, epoch)]
+
+    def _warn_label_mix(self, plan: Plan, ids: np.ndarray, classes: np.ndarray,
+                        batch_size: int) -> None:
+        """Warn (once per job, on rank 0) where a state plan sized by ``--buffer-partitions``, not
+        by a budget's split, gives batches further than :data:`~ooc.data.autoplan.MIX_EXCESS`
+        from the training set's label mix beyond uniform batches (fewer partitions per state:
+        batches of a few classes where partitions follow communities; accuracy suffers)."""
+        if self.job.rank != 0 or self.budget.state_slots >= self.budget.num_parts:
+            return
+        mix = class_mix_distance(plan.batches, ids, classes)
+        iid = class_mix_distance(plan_exact(ids, batch_size, self.cfg.seed, 0).batches, ids, classes)
+        if mix - iid > MIX_EXCESS:
+            s = self.budget.state_slots
+            log.warning("%d partition%s per buffer state (--buffer-partitions %d of %d): the batches' "
+                        "label mix is %.2f from the training set's (uniform batches %.2f), which can "
+                        "lower accuracy; a --memory-budget lets the split size the states, or raise "
+                        "--buffer-partitions", s, "" if s == 1 else "s", self.cfg.buffer_partitions,
+                        self.budget.num_parts, mix, iid)
 
     def plan_edges(self, part_src: np.ndarray, part_dst: np.ndarray, batch_size: int,
                    epoch: int) -> Plan:

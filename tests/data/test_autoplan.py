@@ -513,3 +513,31 @@ def test_auto_evaluation_goes_layerwise_where_its_batches_do_not_fit(planted_dat
     assert runs["auto"]["eval_mode"] == "layerwise"
     assert runs["auto"]["test_acc"] == runs["layerwise"]["test_acc"]
     assert runs["auto"]["losses"] == runs["layerwise"]["losses"]
+
+
+def test_a_state_plan_without_a_budget_warns_of_its_label_mix(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Without a budget the states hold ``--buffer-partitions - 1`` partitions: on one-class
+    partitions one per state gives batches 0.49 from the label mix (uniform 0.09) and a warning
+    naming it; 6 slots (4 partitions per state, 0.06) stay within the margin and are silent."""
+    import logging
+
+    from ooc.data.path import build_data_path
+    path = _class_aligned(tmp_path)
+    for slots, warned in ((2, True), (6, False)):
+        cfg = _cfg(path, mode="hybrid", buffer_partitions=slots, prefetch=0)
+        ds = Dataset(path)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="ooc.data"):
+            data = build_data_path(cfg, ds)
+            try:
+                data.plan_nodes(ds.split("train"), cfg.batch_size, 0)
+                data.plan_nodes(ds.split("train"), cfg.batch_size, 1)  # once: epoch 0 only
+            finally:
+                data.close()
+                ds.close()
+        hits = [r.getMessage() for r in caplog.records if "label mix" in r.getMessage()]
+        assert len(hits) == int(warned), hits
+        if warned:
+            assert hits[0].startswith("1 partition per buffer state (--buffer-partitions 2 of 8)")
+            assert "a --memory-budget lets the split size the states" in hits[0]
