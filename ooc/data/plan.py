@@ -30,11 +30,18 @@ from ooc.data.ordering import assign_buckets, beta_states, node_states
 
 __all__ = ["plan_exact", "plan_own", "plan_states", "plan_cluster_states", "plan_bucket_states",
            "upcoming_of", "shard_plan", "deal_stratified", "plan_classes", "class_strata",
-           "class_mix_distance", "FREE_LANES", "STRATIFY_CANDIDATES", "PACE_WEIGHT"]
+           "class_mix_distance", "FREE_LANES", "FREE_PICKS", "STRATIFY_CANDIDATES", "PACE_WEIGHT"]
 
 #: Lanes of a hybrid plan's free seeds (``mix``): every batch takes its free seeds from each, so
 #: they come from up to this many partitions (one or two per lane, for coalesced reads).
 FREE_LANES = 8
+#: Picks of a hybrid plan's free seeds per batch where they are dealt by class
+#: (:func:`deal_stratified`): each pick takes ``ceil(quota / FREE_PICKS)`` seeds of one partition.
+#: The class deal keeps the batches' label mix without spreading them over more partitions, and
+#: fewer, larger picks make fewer, longer miss reads: on the 2 M-node bench (budget dataset / 3,
+#: 10 epochs, 3 seeds) 3 picks read 15% fewer training bytes per epoch than 8, at the same test
+#: accuracy (0.950 against 0.952 at the last epoch).
+FREE_PICKS = 3
 
 
 def upcoming_of(states: list[list[int]]) -> list[list[int]]:
@@ -110,7 +117,7 @@ def plan_states(train_ids: np.ndarray, part_of: np.ndarray, num_parts: int, stat
             stratified by class (:func:`ooc.data.ordering.stratified_groups`), so each state's
             seeds are near the training set's class mix.  Given with ``mix``, the free seeds
             are dealt by :func:`deal_stratified` instead of the lanes: each batch takes them,
-            still from about :data:`FREE_LANES` partitions, from the partitions whose free seeds
+            from about :data:`FREE_PICKS` partitions, those whose free seeds
             best fill its classes' shortfall against the training set's class mix (stratified batches: where
             partitions follow classes, a state's seeds are a few classes, and a model trained on
             such runs of batches ends each epoch fitted to the last ones).
@@ -314,8 +321,8 @@ def deal_stratified(cuts: list[np.ndarray], free: np.ndarray, part_of: np.ndarra
     """Deal the free seeds of a hybrid plan over its batches, stratified by class.
 
     Each batch (in a random order) gets its quota of free seeds (:func:`_free_quotas`) in picks of
-    ``ceil(quota / FREE_LANES)`` seeds from one partition, so they come from about
-    :data:`FREE_LANES` partitions and their misses still coalesce.  A pick scores up to
+    ``ceil(quota / FREE_PICKS)`` seeds from one partition, so they come from about
+    :data:`FREE_PICKS` partitions and their misses coalesce.  A pick scores up to
     :data:`STRATIFY_CANDIDATES` partitions with free seeds left by how well their seeds' classes
     fill the batch's shortfall ``d = target - have`` (``target``: the training set's class
     fractions times the batch size, ``have``: the classes the batch holds so far), plus a pacing
@@ -360,7 +367,7 @@ def deal_stratified(cuts: list[np.ndarray], free: np.ndarray, part_of: np.ndarra
         n = int(quota[bi])
         have = np.bincount(cls[c], minlength=k).astype(np.float64)
         target = g * (c.shape[0] + n)
-        per = max(1, -(-n // FREE_LANES))
+        per = max(1, -(-n // FREE_PICKS))
         taken = []
         while n > 0 and live.size:
             d = np.maximum(target - have, 0.0)
@@ -370,7 +377,7 @@ def deal_stratified(cuts: list[np.ndarray], free: np.ndarray, part_of: np.ndarra
             # shortfall a seed of the partition fills (0..1), and how far behind its pool is:
             # 1 = on pace to be dealt by the last batch
             fill = (left[cand] @ d) / r / max(float(d.max()), 1e-9)
-            behind = r * live.shape[0] / (per * FREE_LANES * (nb - i))
+            behind = r * live.shape[0] / (per * FREE_PICKS * (nb - i))
             q = int(cand[int(np.argmax(fill + PACE_WEIGHT * behind))])
             m = min(per, n, int(rem[q]))
             cs = np.flatnonzero(left[q])
