@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ooc.data.autoplan import Extents
 
 __all__ = ["BudgetPlan", "BudgetTooSmall", "plan_budget", "RssMonitor", "mmap_threshold_for", "release_free_memory",
-           "tune_allocator"]
+           "tune_allocator", "high_water_bytes"]
 
 
 def _status_field(name: str) -> int | None:
@@ -38,6 +38,18 @@ def _status_field(name: str) -> int | None:
     except OSError:
         return None
     return None
+
+
+def high_water_bytes() -> int:
+    """This process's peak resident set size (bytes): the kernel's ``VmHWM``, which a new program
+    starts afresh (since :meth:`RssMonitor.reset_peak` where one was called). ``ru_maxrss``, the
+    fallback where /proc is missing, also keeps the parent's pages copied between fork and exec:
+    a run started from a 1.3 GB process would report 1.3 GB."""
+    hwm = _status_field("VmHWM")
+    if hwm is not None:
+        return hwm
+    import resource
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def _private_rss() -> int:

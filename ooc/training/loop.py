@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import random
-import resource
 import shutil
 import time
 from contextlib import closing, nullcontext
@@ -47,7 +46,7 @@ import torch
 
 from ooc.config import TrainConfig
 from ooc.contracts import Job, SingleProcess, Task
-from ooc.data.budget import RssMonitor
+from ooc.data.budget import RssMonitor, high_water_bytes
 from ooc.models import build_model
 from ooc.storage.dataset import Dataset, dataset_identity, read_manifest
 from ooc.training.rundir import guarded
@@ -74,8 +73,9 @@ def seed_everything(seed: int) -> None:
 
 
 def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far (bytes; Linux ``ru_maxrss`` is in KiB)."""
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    """Peak resident set size of this process since the RSS monitor's last reset (bytes;
+    :func:`ooc.data.budget.high_water_bytes`: its own pages, not its parent's)."""
+    return high_water_bytes()
 
 
 def _save_atomic(obj: object, path: Path) -> None:
