@@ -836,11 +836,14 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
     extents and split are planned again as they were, without probing (the probe is keyed by the
     seed, so it would choose them again; at 100 M nodes it reads ~10 GB of lists).
 
-    With ``--eval-mode auto``, where the sampled evaluation batches are what the budget cannot
-    hold (they are larger than the training batches) and evaluation could run layer-wise
+    With ``--eval-mode auto`` under a budget, where evaluation could run layer-wise
     (:func:`ooc.config.auto_layerwise_eval`; ``world_size``: ranks of the job, default
-    ``local_world``), the plan is made without them (:attr:`BudgetPlan.eval_batches` False) and
-    the run evaluates layer-wise instead of being refused.
+    ``local_world``), the plan is made without sampled evaluation batches
+    (:attr:`BudgetPlan.eval_batches` False: the run evaluates layer-wise, as it does out of core),
+    and planned again with them only where it holds every partition and still does with them
+    (sampled evaluation, as resident runs evaluate).  Otherwise, where the sampled evaluation
+    batches are what the budget cannot hold, the run evaluates layer-wise instead of being refused
+    in the same way.
 
     Raises:
         ValueError: a budget that cannot hold the mode's minimum (naming every part).
@@ -894,6 +897,13 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
         # layer-wise evaluation (asked for) runs no evaluation batches: none are planned; it works
         # in the parts of the budget idle while it runs
         eval_bs = 0 if task == "node" and cfg.eval_mode == "layerwise" else cfg.eval_batch_size
+        # --eval-mode auto evaluates layer-wise out of core (node_eval_mode): sampled evaluation
+        # batches are planned only where the plan holds every partition (below), else their bytes
+        # would idle through training and a larger budget could plan fewer slots than a smaller one
+        auto_layerwise = bool(task == "node" and budget_bytes is not None and eval_bs
+                              and auto_layerwise_eval(cfg, world_size or local_world))
+        if auto_layerwise:
+            eval_bs = 0
 
         def plan_with(topology: str, pq: bool, cache: int | None, hot_bytes: int = hot) -> BudgetPlan:
             return plan_budget(cfg.mode, budget_bytes, ds, offsets, topology, cfg.batch_size,
@@ -948,6 +958,19 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
                     raise
                 log.info("evaluation batches of %d seeds do not fit the budget beside training: "
                          "evaluating layer-wise", eval_bs)
+                eval_bs = 0
+        if auto_layerwise and plan.slots >= plan.num_parts:
+            # everything resident: auto evaluates sampled batches, planned if the plan stays resident
+            eval_bs = cfg.eval_batch_size
+            try:
+                sampled = plan_with(topology, pq, size, hot)
+            except BudgetTooSmall:
+                sampled = None
+            if sampled is not None and sampled.slots >= sampled.num_parts:
+                plan = sampled
+                if split is not None:
+                    split.plan = sampled
+            else:
                 eval_bs = 0
         if hot and topology != "disk":
             log.warning("--hot-topology %s not used: %s", cfg.hot_topology,

@@ -257,8 +257,9 @@ def test_pq_codes_when_the_budget_is_below_the_features(planted_dataset: Path, t
     ds_path = tmp_path / "planted"
     shutil.copytree(planted_dataset, ds_path)
     compress_dataset(ds_path, 4, centroids=16, sample_rows=1000, iters=3, progress=False)
-    mp = _plan(ds_path, mode="hybrid", miss_features="auto", memory_budget="1.25MB", prefetch=0)
-    assert mp.split is not None and mp.split.pq and mp.pq_bytes > 0
+    # (evaluation layer-wise, as --eval-mode auto out of core: no evaluation batches planned)
+    mp = _plan(ds_path, mode="hybrid", miss_features="auto", memory_budget="0.7MB", prefetch=0)
+    assert mp.split is not None and mp.split.pq and mp.pq_bytes > 0 and not mp.plan.eval_batches
     assert mp.plan.compressed == mp.pq_bytes and mp.plan.slots < mp.plan.num_parts
     costs = {lab: c for lab, c, _ in mp.split.candidates if c is not None}
     assert all(mp.split.predicted.seconds < c.seconds for lab, c in costs.items() if ", pq" not in lab)
@@ -541,3 +542,17 @@ def test_a_state_plan_without_a_budget_warns_of_its_label_mix(
         if warned:
             assert hits[0].startswith("1 partition per buffer state (--buffer-partitions 2 of 8)")
             assert "a --memory-budget lets the split size the states" in hits[0]
+
+
+def test_auto_evaluation_plans_no_evaluation_batches_out_of_core(planted_dataset: Path) -> None:
+    """--eval-mode auto evaluates layer-wise out of core, so the plan gives its evaluation batches'
+    bytes to slots: a larger budget never plans fewer slots for them (0.9 MB: 6 slots; 1.2 MB was
+    1 slot and sampled evaluation batches, now all 8), and where everything is resident and the
+    batches fit beside it (3 MB), sampled evaluation batches are planned as before."""
+    kw = dict(mode="hybrid", prefetch=0)
+    plans = {kb: _plan(planted_dataset, memory_budget=f"{kb}kB", **kw).plan for kb in (900, 1200, 3000)}
+    assert plans[900].slots == 6 and not plans[900].eval_batches
+    assert plans[1200].slots == plans[1200].num_parts == 8 and not plans[1200].eval_batches
+    assert plans[3000].slots == 8 and plans[3000].eval_batches
+    sampled = _plan(planted_dataset, memory_budget="1200kB", eval_mode="sampled", **kw).plan
+    assert sampled.eval_batches and sampled.slots < 8  # asked for: planned, at the slots' expense

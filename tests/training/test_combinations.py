@@ -187,7 +187,7 @@ CORA = ["--partitions", "4", "--mode", "hybrid", "--model", "gcn", "--hidden", "
                                     "--eval-fanout", "10,10"],
                                    ["--memory-budget", "16MB"],
                                    ["--sampler", "labor", "--memory-budget", "60MB"],
-                                   ["--device-cache", "2MB", "--memory-budget", "60MB"],
+                                   ["--device-cache", "2MB", "--memory-budget", "30MB"],
                                    ["--task", "link", "--hidden", "128", "--feat-norm", "none",
                                     "--batch-size", "256", "--dropout", "0", "--lr", "0.01",
                                     "--weight-decay", "0", "--memory-budget", "80MB"]],
