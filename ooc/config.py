@@ -173,13 +173,14 @@ class TrainConfig:
     hybrid_mix: float = _opt(0.25, "data", "hybrid: fraction of each batch's seeds drawn from all "
                              "training nodes instead of the resident partitions (closer to i.i.d. "
                              "batches, more reads); 0 = seeds of resident partitions only")
-    miss_features: str = _opt("disk", "data", "hybrid: where training batches get the rows of their "
+    miss_features: str = _opt("auto", "data", "hybrid: where training batches get the rows of their "
                               "outermost hop that are not resident: disk (exact rows, batched reads) "
                               "or pq (decoded from the product-quantisation codes of `ooc compress`, "
                               "kept in memory within the budget; seeds, inner hops and evaluation "
-                              "stay exact); auto: pq where the codes exist and the automatic budget "
-                              "split predicts fewer reads with them (it changes the rows the model "
-                              "sees, hence never the default)", choices=("disk", "pq", "auto"))
+                              "stay exact); auto (the default): pq where the dataset has codes and "
+                              "the automatic budget split predicts faster reads with them, else disk "
+                              "(always disk in exact and buffer modes, and without codes)",
+                              choices=("disk", "pq", "auto"))
     cache_policy: str = _opt("sieve", "data", "CPU feature cache policy for rows outside the buffer; "
                              "belady (exact mode): Belady's MIN over batches sampled --lookahead "
                              "ahead", choices=("sieve", "clock", "lru", "belady", "none"))
@@ -568,8 +569,8 @@ def validate_data_options(cfg: "TrainConfig") -> None:
                          f"{cfg.topology} the whole topology is already {'in memory' if cfg.topology == 'memory' else 'mapped'})")
     if cfg.miss_features not in ("disk", "pq", "auto"):
         raise ValueError(f"{option_flag('miss_features')} must be disk, pq or auto, got {cfg.miss_features!r}")
-    if cfg.miss_features in ("pq", "auto") and cfg.mode != "hybrid":
-        raise ValueError(f"--miss-features {cfg.miss_features} applies to --mode hybrid only (got "
+    if cfg.miss_features == "pq" and cfg.mode != "hybrid":
+        raise ValueError(f"--miss-features pq applies to --mode hybrid only (got "
                          f"--mode {cfg.mode}: exact reads exact rows, buffer has no misses)")
     if cfg.hybrid_mix != TrainConfig.hybrid_mix and cfg.mode != "hybrid":
         why = ("exact batches are drawn from all training nodes" if cfg.mode == "exact" else
@@ -579,9 +580,6 @@ def validate_data_options(cfg: "TrainConfig") -> None:
     if cfg.ordering != TrainConfig.ordering and cfg.mode == "exact":
         raise ValueError(f"--ordering {cfg.ordering} orders the partition states of --mode buffer or "
                          "hybrid (got --mode exact: its batches are drawn from all training nodes)")
-    if cfg.miss_features == "auto" and not cfg.memory_budget:
-        raise ValueError("--miss-features auto chooses by the budget split: give --memory-budget "
-                         "(or choose --miss-features disk or pq)")
     if cfg.task == "link" and cfg.topology == "disk":
         raise ValueError("--task link with --topology disk: the edge split needs every edge and the "
                          "message-passing graph of the training edges is built in memory; use "

@@ -322,7 +322,8 @@ def run_bench_ooc(workdir: Path, nodes: int, feat_dim: int, parts: int, budget: 
         runs[name] = _train(ds_path, workdir / f"run-{spec.replace(':', '-')}",
                             common + ["--mode", train_mode, "--memory-budget", str(budget)]
                             + (["--topology", "disk"] if mode == "buffer" else [])
-                            + (["--miss-features", "pq"] if mode == "hybrid-pq" else [])
+                            + (["--miss-features", "pq" if mode == "hybrid-pq" else "disk"]
+                               if train_mode == "hybrid" else [])
                             + (["--hybrid-mix", mix or str(hybrid_mix)]
                                if train_mode == "hybrid" else []))
         if devices > 1:
@@ -333,7 +334,8 @@ def run_bench_ooc(workdir: Path, nodes: int, feat_dim: int, parts: int, budget: 
                 ds_path, workdir / f"run-{spec.replace(':', '-')}-x{devices}",
                 per + ["--mode", train_mode, "--memory-budget", str(budget), "--devices", str(devices)]
                 + (["--topology", "disk"] if mode == "buffer" else [])
-                + (["--miss-features", "pq"] if mode == "hybrid-pq" else [])
+                + (["--miss-features", "pq" if mode == "hybrid-pq" else "disk"]
+                   if train_mode == "hybrid" else [])
                 + (["--hybrid-mix", mix or str(hybrid_mix)] if train_mode == "hybrid" else []))
     res["rows"] = [_row(k, m, base) for k, m in runs.items()]
     (workdir / "bench_ooc.json").write_text(json.dumps(res, indent=2))

@@ -9,7 +9,8 @@ environment with torch 2.2.1: ``--dgl-python``), then ooc in every ``--modes`` e
 the same run of ``--baseline-python``'s ooc, an older checkout, when given) -- ``resident``
 (every partition resident: hybrid with a budget above the dataset, which is exact's plan), ``hybrid``,
 ``hybrid-pq`` (``--miss-features pq``; the dataset is compressed first if it has no codes),
-``hybrid-pq-auto`` (``--miss-features auto``: the budget split decides, codes made likewise) and
+``hybrid-pq-auto`` (``--miss-features auto``, the default: the budget split decides, codes made
+likewise; the other hybrid entries read exact rows, ``--miss-features disk``) and
 ``exact`` (its default read-ahead windows; ``exact-cache``: ``--read-ahead 0``, per-batch reads
 behind the CPU row cache; ``exact-belady``: with ``--cache-policy belady``; ``hybrid-serial`` and
 ``exact-serial``: ``--sample-ahead 0``, batches sampled on the loader thread; ``-layerwise`` and
@@ -101,8 +102,10 @@ def _mode_args(spec: str, budget: int) -> list[str]:
         return ["--mode", "hybrid", "--memory-budget", str(64 << 30), "--direct-io"]
     args = ["--mode", "hybrid" if mode.startswith("hybrid") else "exact", "--memory-budget", str(budget),
             "--direct-io"]
-    return args + (["--miss-features", "pq"] if mode == "hybrid-pq" else []) \
-        + (["--miss-features", "auto"] if mode == "hybrid-pq-auto" else []) \
+    # hybrid entries read exact rows (--miss-features disk) unless they name pq or auto (the default)
+    miss = "pq" if mode == "hybrid-pq" else "auto" if mode == "hybrid-pq-auto" else \
+        "disk" if mode.startswith("hybrid") else None
+    return args + (["--miss-features", miss] if miss else []) \
         + (["--cache-policy", "belady"] if mode == "exact-belady" else []) \
         + (["--read-ahead", "0"] if mode == "exact-cache" else []) \
         + (["--sample-ahead", "0"] if mode.endswith("-serial") else []) \
@@ -110,9 +113,10 @@ def _mode_args(spec: str, budget: int) -> list[str]:
         + (["--eval-mode", "sampled"] if mode.endswith("-sampled") else [])
 
 
-_NAMES = {"resident": "ooc, everything resident", "hybrid": "ooc hybrid, budget {}",
+_NAMES = {"resident": "ooc, everything resident", "hybrid": "ooc hybrid --miss-features disk, budget {}",
           "hybrid-pq": "ooc hybrid --miss-features pq, budget {}",
-          "hybrid-pq-auto": "ooc hybrid --miss-features auto, budget {}", "exact": "ooc exact, budget {}",
+          "hybrid-pq-auto": "ooc hybrid (--miss-features auto, the default), budget {}",
+          "exact": "ooc exact, budget {}",
           "exact-cache": "ooc exact --read-ahead 0, budget {}",
           "exact-belady": "ooc exact --cache-policy belady, budget {}",
           "hybrid-serial": "ooc hybrid --sample-ahead 0, budget {}",

@@ -854,7 +854,9 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
     budget_bytes = parse_bytes(cfg.memory_budget) if cfg.memory_budget else None
     cache_size = parse_bytes(cfg.cache_size) if cfg.cache_size else None
     pq_need = 0
-    if cfg.miss_features in ("pq", "auto"):
+    # --miss-features auto (the default) weighs the codes in hybrid mode only, where they exist
+    if cfg.miss_features == "pq" or (cfg.miss_features == "auto" and cfg.mode == "hybrid"
+                                     and ds.has("features")):
         from ooc.features.pq import open_compressed, pq_bytes
         pq_need = pq_bytes(ds)
         if not pq_need and cfg.miss_features == "pq":
@@ -919,11 +921,13 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
             topologies = ["memory"]
         else:
             topologies = ["memory", "disk"]
+        # auto: the split weighs the codes (under a budget; without one, rows from disk)
         pqs = [True] if cfg.miss_features == "pq" else [False, True] if cfg.miss_features == "auto" \
-            and pq_need else [False]
+            and pq_need and budget_bytes is not None else [False]
         fractions: list[float | None] = [None]
         if (budget_bytes is not None and cfg.mode == "hybrid" and cfg.cache_policy != "none"
-                and cache_size is None and (cfg.topology == "auto" or cfg.miss_features == "auto")
+                and cache_size is None
+                and (cfg.topology == "auto" or (cfg.miss_features == "auto" and pq_need))
                 and ds.has("features")):
             fractions = [0.0, 0.25, 0.5]
         # --hot-topology auto: the split tries hot sets of these shares of the whole topology
@@ -977,9 +981,9 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
                         "the budget split keeps the whole topology in memory" if budget_bytes is not None
                         else "without --memory-budget, --topology auto keeps the whole topology in memory")
             hot = 0
-        if cfg.miss_features == "auto" and not pq_need:
-            log.warning("--miss-features auto: %s has no PQ codes (`ooc compress` writes them); "
-                        "the rows a batch misses are read from disk", ds.path)
+        if cfg.miss_features == "auto" and cfg.mode == "hybrid" and not pq_need:
+            log.info("--miss-features auto: %s has no PQ codes (`ooc compress` writes them); "
+                     "the rows a batch misses are read from disk", ds.path)
         return MachinePlan(plan, pq_need if pq else 0,
                            lambda: plan_with(topology, False, size, hot if topology == "disk" else 0),
                            topology, split, extents, hot if topology == "disk" else 0,

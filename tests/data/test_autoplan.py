@@ -280,11 +280,25 @@ def test_auto_topology_trains_the_same_batches(tmp_path: Path) -> None:
     assert a["split"]["predicted_bytes"] > 0
 
 
-def test_miss_features_auto_needs_a_budget(planted_dataset: Path) -> None:
-    with pytest.raises(ValueError, match="--miss-features auto chooses by the budget split"):
-        _cfg(planted_dataset, mode="hybrid", miss_features="auto")
-    with pytest.raises(ValueError, match="--miss-features auto applies to --mode hybrid only"):
-        _cfg(planted_dataset, mode="exact", miss_features="auto", memory_budget="10MB")
+def test_miss_features_auto_reads_rows_without_a_budget_or_outside_hybrid(
+        planted_dataset: Path, tmp_path: Path) -> None:
+    """``auto``, the default, weighs the PQ codes only in hybrid mode under a budget: without a
+    budget, in exact or buffer mode, it plans no codes (exact rows from disk); ``pq`` outside
+    hybrid is refused, naming the mode."""
+    import shutil
+
+    from ooc.compress import compress_dataset
+    assert TrainConfig.miss_features == "auto"
+    ds_path = tmp_path / "planted"
+    shutil.copytree(planted_dataset, ds_path)
+    compress_dataset(ds_path, 4, centroids=16, sample_rows=1000, iters=3, progress=False)
+    assert _plan(ds_path, mode="hybrid", memory_budget="0.7MB", prefetch=0).pq_bytes > 0
+    for kw in (dict(mode="hybrid"), dict(mode="exact", memory_budget="0.7MB", cache_size="40kB"),
+               dict(mode="buffer", memory_budget="0.7MB")):
+        mp = _plan(ds_path, prefetch=0, **kw)
+        assert mp.pq_bytes == 0 and mp.plan.compressed == 0, kw
+    with pytest.raises(ValueError, match="--miss-features pq applies to --mode hybrid only"):
+        _cfg(planted_dataset, mode="exact", miss_features="pq", memory_budget="10MB")
 
 
 def test_hybrid_mix_is_refused_outside_hybrid_mode(planted_dataset: Path) -> None:
