@@ -432,7 +432,9 @@ def _print_summary(m: dict) -> None:
         print(f"budget split  chose topology {split['topology']}"
               + (f" (hot lists {_human(split['hot_topology_bytes'])})"
                  if split.get("hot_topology_bytes") else "")
-              + (", PQ codes" if split["pq"] else "") + f", {split['slots']} partition slot"
+              + (", PQ codes" if split["pq"] else ", exact rows (the dataset's PQ codes weighed, not chosen)"
+                 if any(", pq" in c["split"] for c in split["candidates"]) else "")
+              + f", {split['slots']} partition slot"
               f"{'' if split['slots'] == 1 else 's'}, cache {_human(split['cache_bytes'])}"
               + (f", read-ahead {split['read_ahead']} batches" if split.get("read_ahead") else "")
               + " (best of "

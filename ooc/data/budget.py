@@ -501,7 +501,7 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
             raise BudgetTooSmall(
                 f"--memory-budget {format_bytes(budget)} too small"
                 + (f" for {lw} local ranks" if lw > 1 else "")
-                + f" (these settings need at least {format_bytes(needed)})"
+                + f" (these settings need at least {format_bytes(needed, up=True)})"
                 + f": topology {format_bytes(topo)}"
                 + (f" (of which --hot-topology {format_bytes(hot_topology)})" if hot_topology else "")
                 + ", "

@@ -320,8 +320,13 @@ class NodeTask:
             root = self.job.run_dir(self.cfg.output_dir) / "inference"
             if self._propagated is None:
                 self._propagated = Propagated(root / "propagated")
-            return evaluate_node_layerwise(model, self, device, root, memory=memory,
-                                           propagated=self._propagated)
+            res = evaluate_node_layerwise(model, self, device, root, memory=memory,
+                                          propagated=self._propagated)
+            try:  # nothing kept or spilled: no empty folder left in the run
+                root.rmdir()
+            except OSError:
+                pass
+            return res
         j = self.job
         nl = len(self.cfg.fanouts)
         fo = evaluation_fanouts(self.cfg)

@@ -7,6 +7,8 @@ binary units for ``KiB``/``MiB``/``GiB``/``TiB``: ``"4GB"`` is 4 x 10^9 bytes, `
 
 from __future__ import annotations
 
+import math
+
 import re
 
 __all__ = ["parse_bytes", "format_bytes"]
@@ -35,10 +37,13 @@ def parse_bytes(text: str | int | float) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def format_bytes(n: float) -> str:
-    """Human-readable binary size, e.g. ``1.5 GiB``."""
+def format_bytes(n: float, up: bool = False) -> str:
+    """Human-readable binary size, e.g. ``1.5 GiB`` (``up``: rounded up to the digit shown, so the
+    figure printed is never below ``n``: for a minimum a user may copy)."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+            if unit == "B":
+                return f"{math.ceil(n) if up else int(n)} B"
+            return f"{math.ceil(n * 10) / 10 if up else n:.1f} {unit}"
         n /= 1024
     return str(n)

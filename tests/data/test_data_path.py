@@ -467,7 +467,7 @@ def test_hot_topology_option_checks_and_budget(metis_dataset: Path, tmp_path: Pa
 def test_too_small_budget_states_the_smallest_budget_that_runs(metis_dataset: Path) -> None:
     """The refusal names the total these settings need; that budget plans, one byte less does not."""
     from ooc.data.budget import BudgetTooSmall, plan_budget
-    from ooc.util.sizes import format_bytes
+    from ooc.util.sizes import format_bytes, parse_bytes
     ds = Dataset(metis_dataset)
     for mode, topology in (("hybrid", "memory"), ("hybrid", "disk"), ("exact", "memory")):
         args = dict(mode=mode, ds=ds, offsets=ds.partition_offsets, topology=topology,
@@ -477,7 +477,9 @@ def test_too_small_budget_states_the_smallest_budget_that_runs(metis_dataset: Pa
             plan_budget(budget=50_000, **args)
         need = err.value.needed
         assert need is not None and need > 50_000
-        assert f"need at least {format_bytes(need)}" in str(err.value)
+        stated = f"{format_bytes(need, up=True)}"
+        assert f"need at least {stated}" in str(err.value)
+        assert parse_bytes(stated.replace(" ", "")) >= need  # the figure shown runs when copied
         plan = plan_budget(budget=need, **args)
         assert plan.planned <= need
         with pytest.raises(BudgetTooSmall):

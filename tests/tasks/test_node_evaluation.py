@@ -59,6 +59,8 @@ def test_layerwise_evaluation_plans_no_evaluation_batches(planted_dataset: Path,
     ref = train(_cfg(planted_dataset, tmp_path / "free", eval_mode="sampled", epochs=1,
                      eval_batch_size=3000, fanouts=[5, 5], topology="memory", mode="exact"))
     assert m["eval_mode"] == "layerwise" and m["losses"] == ref["losses"]
+    inference = tmp_path / "layerwise" / "inference"  # scratch: nothing, or only kept inputs
+    assert not inference.exists() or [p.name for p in inference.iterdir()] == ["propagated"]
     assert m["test_acc"] == ref["test_acc"] and m["val_acc"] == ref["val_acc"]
 
 
