@@ -60,7 +60,8 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ooc.data.budget import BudgetPlan, _batch_extent
-from ooc.data.plan import class_mix_distance, plan_classes, plan_exact, plan_states
+from ooc.data.plan import (class_mix_distance, plan_classes, plan_exact, plan_states,
+                            uniform_class_mix)
 from ooc.kernels.disk_sampling import sample_blocks_lists
 from ooc.kernels.rng import batch_key
 from ooc.kernels.sampling import SampledSubgraph
@@ -699,7 +700,7 @@ def choose_split(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray,
     classes = plan_classes(ds.labels if ds.has("labels") else None, ids) \
         if cfg.mode in ("buffer", "hybrid") else None
     iid = None if classes is None else \
-        class_mix_distance(plan_exact(ids, cfg.batch_size, cfg.seed, 0).batches, ids, classes)
+        uniform_class_mix(ids, cfg.batch_size, cfg.seed, classes)
     fitted: list[SplitChoice] = []
     tried: list[tuple[str, ReadCost | None, str]] = []
     last_err: ValueError | None = None

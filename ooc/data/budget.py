@@ -124,9 +124,9 @@ class RssMonitor:
         return int(self._proc.memory_info().rss)
 
     def peak(self) -> int:
-        """Peak resident set size since the last reset (or process start)."""
-        hwm = _status_field("VmHWM")
-        return hwm if hwm is not None else self.current()
+        """Peak resident set size since the last reset (or process start):
+        :func:`high_water_bytes`."""
+        return high_water_bytes()
 
     def reset_peak(self) -> bool:
         """Reset the peaks to the current RSS; False where the kernel does not allow it."""

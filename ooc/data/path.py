@@ -48,7 +48,7 @@ from ooc.data.loader import BuildFn, Loader
 from ooc.data.lookahead import Lookahead, ReadAhead, SampleAhead
 from ooc.data.ordering import node_swap_lower_bound
 from ooc.data.plan import (class_mix_distance, plan_bucket_states, plan_classes, plan_cluster_states,
-                           plan_exact, plan_own, plan_states)
+                           plan_exact, plan_own, plan_states, uniform_class_mix)
 from ooc.data.resident import ResidentGraph
 from ooc.data.shared import shared_array
 from ooc.embedding import embedding_bytes
@@ -207,7 +207,7 @@ class DataPath:
         if self.job.rank != 0 or self.budget.state_slots >= self.budget.num_parts:
             return
         mix = class_mix_distance(plan.batches, ids, classes)
-        iid = class_mix_distance(plan_exact(ids, batch_size, self.cfg.seed, 0).batches, ids, classes)
+        iid = uniform_class_mix(ids, batch_size, self.cfg.seed, classes)
         if mix - iid > MIX_EXCESS:
             s = self.budget.state_slots
             log.warning("%d partition%s per buffer state (--buffer-partitions %d of %d): the batches' "

@@ -30,7 +30,7 @@ from ooc.data.ordering import assign_buckets, beta_states, node_states
 
 __all__ = ["plan_exact", "plan_own", "plan_states", "plan_cluster_states", "plan_bucket_states",
            "upcoming_of", "shard_plan", "deal_stratified", "plan_classes", "class_strata",
-           "class_mix_distance", "FREE_LANES", "FREE_PICKS", "STRATIFY_CANDIDATES", "PACE_WEIGHT"]
+           "class_mix_distance", "uniform_class_mix", "FREE_LANES", "FREE_PICKS", "STRATIFY_CANDIDATES", "PACE_WEIGHT"]
 
 #: Lanes of a hybrid plan's free seeds (``mix``): every batch takes its free seeds from each, so
 #: they come from up to this many partitions (one or two per lane, for coalesced reads).
@@ -291,6 +291,14 @@ def class_mix_distance(batches: list[np.ndarray], ids: np.ndarray, classes: np.n
         f = np.bincount(scls[at], minlength=k) / b.shape[0]
         dists.append(0.5 * float(np.abs(f - g).sum()))
     return float(np.mean(dists)) if dists else 0.0
+
+
+
+def uniform_class_mix(ids: np.ndarray, batch_size: int, seed: int, classes: np.ndarray) -> float:
+    """:func:`class_mix_distance` of uniform batches (epoch 0 of :func:`plan_exact`): the figure a
+    state plan's label mix is measured from (batches of ``batch_size`` of training ``ids``, int64
+    [T], their ``classes``, int64 [T])."""
+    return class_mix_distance(plan_exact(ids, batch_size, seed, 0).batches, ids, classes)
 
 
 def _free_quotas(cuts: list[np.ndarray], num_free: int, batch_size: int) -> np.ndarray:
