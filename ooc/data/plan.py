@@ -39,7 +39,7 @@ FREE_LANES = 8
 #: (:func:`deal_stratified`): each pick takes ``ceil(quota / FREE_PICKS)`` seeds of one partition.
 #: The class deal keeps the batches' label mix without spreading them over more partitions, and
 #: fewer, larger picks make fewer, longer miss reads: on the 2 M-node bench (budget dataset / 3,
-#: 10 epochs, 3 seeds) 3 picks read 15% fewer training bytes per epoch than 8, at the same test
+#: 10 epochs, 3 seeds) 3 picks read 13-22% fewer training bytes per epoch than 8, at the same test
 #: accuracy (0.950 against 0.952 at the last epoch).
 FREE_PICKS = 3
 
