@@ -188,23 +188,28 @@ def read_ahead_bytes(window: int, batch_rows: int, batch_edges: int, num_nodes: 
                      row_bytes: int) -> int:
     """Host memory of a read-ahead of ``window`` batches of about ``batch_rows`` input rows and
     ``batch_edges`` sampled edges: the kept samples (node ids 8 B per row, block CSCs ~4 B per edge
-    and 8 B per row), the window's rows (at most the graph's) with their ids, and the ids
-    concatenated and sorted once per window (16 B per row)."""
+    and 8 B per row) and the ids concatenated and sorted (16 B per row) of three windows (the one
+    served, the next one waiting, the one after being sampled), and the served window's rows (at
+    most the graph's) with their ids."""
     rows = window * batch_rows
     held = min(rows, num_nodes)
-    return int(rows * (16 + 16) + window * batch_edges * 4 + held * (row_bytes + 8))
+    return int(3 * (rows * (16 + 16) + window * batch_edges * 4) + held * (row_bytes + 8))
 
 
 class ReadAhead:
     """Reads the rows that the next ``window`` batches of a plan miss as one gather.
 
-    At the first step of each window (and after any jump: a resume, a new epoch or plan) it samples
-    steps ``[step, step + window)``, asks ``missing(plan, step, sample)`` for the ids each will
+    Windows are sampled on a thread of their own, one ahead of the window being served: steps
+    ``[s, s + window)`` are sampled and ``missing(plan, step, sample)`` gives the ids each will
     need from :class:`~ooc.features.tiers.MissRows` (outside its state's partitions, not in a
-    device cache), reads their sorted union from the disk (:meth:`MissRows.read_exact`: one
-    coalesced request plan) into its own :class:`~ooc.features.tiers.StagedRows`, replacing the
-    previous window's rows, and makes that table ``misses.staged``.  Each step then takes its
-    kept sample.
+    device cache), while the batches of the window before are built and trained on.  At the first
+    step of each window (after any jump -- a resume, a new epoch or plan -- sampling restarts
+    there) it reads their sorted union from the disk (:meth:`MissRows.read_exact`: one coalesced
+    request plan) into its own :class:`~ooc.features.tiers.StagedRows`, replacing the previous
+    window's rows, and makes that table ``misses.staged``.  Each step then takes its kept sample.
+    Samples are keyed by their step, so they are those sampled on the loader thread would be
+    (over an on-disk topology the list reads of the next window overlap the current one's
+    training).
 
     Args:
         sample: ``sample(plan, step, epoch) -> MiniBatch`` (keyed as training keys it).
@@ -215,7 +220,8 @@ class ReadAhead:
 
     Attributes:
         bytes_read, rows, reads, read_s: bytes read, rows staged, window reads and their time
-            since the last :meth:`reset_stats`.
+            since the last :meth:`reset_stats`; wait_s: time waited for windows still being
+            sampled.
 
     Raises:
         ValueError: ``window`` < 2.
@@ -230,20 +236,38 @@ class ReadAhead:
         self._pos: tuple[int, int, int] | None = None  # (plan id, epoch, next step expected)
         self._kept: dict[int, MiniBatch] = {}
         self.table = StagedRows(misses.shape[1:], misses.dtype)
+        self._it = None  # the windows sampled ahead (a prefetch iterator), from self._at
+        self._at: tuple[int, int, int] | None = None  # (plan id, epoch, its next window's step)
         self.bytes_read = self.rows = self.reads = 0
-        self.read_s = 0.0
+        self.read_s = self.wait_s = 0.0
+
+    def _windows(self, plan: Plan, epoch: int, start: int):  # type: ignore[no-untyped-def]
+        """The windows of ``plan`` from step ``start``: ``(first step, kept samples, sorted unique
+        missing ids)`` each, made on the sampling thread."""
+        for s in range(start, len(plan), self.window):
+            kept: dict[int, MiniBatch] = {}
+            need = []
+            for j in range(s, min(len(plan), s + self.window)):
+                mb = self.sample(plan, j, epoch)
+                kept[j] = mb
+                need.append(self.missing(plan, j, mb))
+            ids = np.unique(np.concatenate(need)) if need else np.empty(0, dtype=np.int64)
+            del need
+            yield s, kept, ids
 
     def _read_window(self, plan: Plan, epoch: int, step: int) -> None:
-        self.release()
-        stop = min(len(plan), step + self.window)
-        need = []
-        for j in range(step, stop):
-            mb = self.sample(plan, j, epoch)
-            self._kept[j] = mb
-            need.append(self.missing(plan, j, mb))
+        self._kept.clear()
+        self.table.clear()
+        at = (id(plan), epoch, step)
+        if self._it is None or self._at != at:  # a jump (resume, new epoch or plan): restart there
+            self._close_sampling()
+            self._it = prefetch(self._windows(plan, epoch, step), 1)
+        t = time.perf_counter()
+        first, self._kept, ids = next(self._it)
+        self.wait_s += time.perf_counter() - t
+        assert first == step, (first, step)
+        self._at = (id(plan), epoch, min(len(plan), step + self.window))
         t0 = time.perf_counter()
-        ids = np.unique(np.concatenate(need)) if need else np.empty(0, dtype=np.int64)
-        del need
         if ids.shape[0]:
             rows, nbytes = self.misses.read_exact(ids)
             self.table.put(ids, rows)
@@ -253,6 +277,11 @@ class ReadAhead:
             self.reads += 1
         self.read_s += time.perf_counter() - t0
 
+    def _close_sampling(self) -> None:
+        if self._it is not None:
+            self._it.close()  # (joins the sampling thread)
+        self._it, self._at = None, None
+
     def take(self, plan: Plan, epoch: int, step: int) -> MiniBatch:
         """The sample of ``plan`` step ``step`` of ``epoch``; its missing rows are staged."""
         if self._pos != (id(plan), epoch, step) or step not in self._kept:
@@ -261,27 +290,28 @@ class ReadAhead:
         return self._kept.pop(step)
 
     def release(self) -> None:
-        """Drop the kept samples and the staged rows (the window's memory)."""
+        """Stop sampling ahead; drop the kept samples and the staged rows (the window's memory)."""
+        self._close_sampling()
         self._kept.clear()
         self.table.clear()
 
     @staticmethod
-    def _stats(nbytes: int, rows: int, reads: int, seconds: float, hits: int) -> dict:
+    def _stats(nbytes: int, rows: int, reads: int, seconds: float, hits: int, wait: float) -> dict:
         return {"read_ahead_bytes": nbytes, "read_ahead_rows": rows, "read_ahead_reads": reads,
-                "read_ahead_s": seconds, "read_ahead_hits": hits}
+                "read_ahead_s": seconds, "read_ahead_hits": hits, "read_ahead_sample_wait_s": wait}
 
     @staticmethod
     def no_stats() -> dict:
         """The counters of :meth:`reset_stats`, all 0 (a run without a read-ahead)."""
-        return ReadAhead._stats(0, 0, 0, 0.0, 0)
+        return ReadAhead._stats(0, 0, 0, 0.0, 0, 0.0)
 
     def reset_stats(self) -> dict:
         """``read_ahead_bytes``, ``read_ahead_rows``, ``read_ahead_reads``, ``read_ahead_s`` and
         ``read_ahead_hits`` (rows served from the staged table) since the last call (then 0)."""
         d = self._stats(self.bytes_read, self.rows, self.reads, self.read_s,
-                        self.table.reset_stats())
+                        self.table.reset_stats(), self.wait_s)
         self.bytes_read = self.rows = self.reads = 0
-        self.read_s = 0.0
+        self.read_s = self.wait_s = 0.0
         return d
 
 

@@ -653,6 +653,9 @@ class DataPath:
         for sa in (self.sampleahead, self._eval_sa):  # their threads read the topology closed below
             if sa is not None:
                 sa.close()
+        for ra in (self.readahead, self._eval_ahead):
+            if ra is not None:
+                ra.release()
         self.buffer.close()
         self.misses.close()
         for r in self.readers:
