@@ -306,8 +306,9 @@ class ReadAhead:
         return ReadAhead._stats(0, 0, 0, 0.0, 0, 0.0)
 
     def reset_stats(self) -> dict:
-        """``read_ahead_bytes``, ``read_ahead_rows``, ``read_ahead_reads``, ``read_ahead_s`` and
-        ``read_ahead_hits`` (rows served from the staged table) since the last call (then 0)."""
+        """``read_ahead_bytes``, ``read_ahead_rows``, ``read_ahead_reads``, ``read_ahead_s``,
+        ``read_ahead_hits`` (rows served from the staged table) and ``read_ahead_sample_wait_s``
+        (waits for windows still being sampled) since the last call (then 0)."""
         d = self._stats(self.bytes_read, self.rows, self.reads, self.read_s,
                         self.table.reset_stats(), self.wait_s)
         self.bytes_read = self.rows = self.reads = 0
