@@ -227,7 +227,9 @@ class BudgetPlan:
             buffer mode, a device cache kept in host memory, a node-embedding table), counted
             ``local_world`` times.
         prefetch: batches built ahead, as planned (lowered from the configured depth when the
-            batches in flight would not fit otherwise; speed only, never results).
+            batches in flight would not fit otherwise, or, in exact mode with ``--read-ahead
+            auto``, when they would leave a window under 2/3 of the one planned with none built
+            ahead; speed only, never results).
         read_ahead: training batches whose missing rows are read together (0: each its own);
             read_ahead_bytes: the window's memory per rank (part of ``scratch``); eval_read_ahead:
             evaluation batches read together in that same memory (evaluation and training never
@@ -542,6 +544,21 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                     # what is left is not a cache either (no row would be asked of it)
                     room = avail // max(lw, 1)
                     w = _largest_window(lambda k: window_bytes(k) <= room, steps_cap)
+                    # fewer batches built ahead where the window is otherwise under 2/3 of the
+                    # widest one (with none built ahead): a window's read serves all its
+                    # batches, a batch built ahead overlaps one batch's work; so a larger budget
+                    # does not plan a narrower window than a smaller one whose batches in flight
+                    # did not fit
+                    widths = {depth: w}
+                    for d in range(depth - 1, -1, -1):
+                        room_d = (budget - fixed - lw * staging(d)) // max(lw, 1)
+                        widths[d] = _largest_window(lambda k: window_bytes(k) <= room_d, steps_cap)
+                    widest = max(widths.values())
+                    d = max(k for k, v in widths.items() if v >= widest / 1.5)
+                    if d != depth:
+                        depth, w = d, widths[d]
+                        stage = staging(depth)
+                        avail = budget - fixed - lw * stage
                     if w:
                         ahead_n, ahead = w, window_bytes(w)
                         scratch += ahead - sampled  # the window samples its batches itself

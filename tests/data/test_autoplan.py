@@ -401,6 +401,23 @@ def test_exact_read_ahead_predicts_one_read_per_window(tmp_path: Path) -> None:
         assert requests == pytest.approx(mp.split.predicted.requests, rel=0.15), name
 
 
+def test_exact_read_ahead_window_never_narrows_as_the_budget_grows(tmp_path: Path) -> None:
+    """Exact mode, ``--read-ahead auto``: from 4 MB to 7 MB the planned window widens with the
+    budget (batches built ahead give way where they would leave a window under 2/3 of the widest);
+    every plan has a window (the graph's features, 3 MB, do not fit beside the batches)."""
+    p = _wide(tmp_path)
+    kw = dict(mode="exact", batch_size=16, fanouts=[3, 3], eval_batch_size=16, topology="memory",
+              eval_mode="sampled")
+    widths, depths = [], []
+    for b in range(4_000_000, 7_000_001, 200_000):
+        plan = _plan(p, memory_budget=str(b), **kw).plan
+        assert plan.slots == 0 and plan.cache == 0, b
+        widths.append(plan.read_ahead)
+        depths.append(plan.prefetch)
+    assert min(widths) >= 2 and widths == sorted(widths), widths
+    assert max(depths) <= 2 and min(depths) == 0, depths
+
+
 @pytest.mark.parametrize("direct", [False, True])
 def test_disk_topology_prediction_is_the_reads_of_the_run(tmp_path: Path, direct: bool) -> None:
     """Hybrid mode with the lists on disk: the predicted training reads (feature misses, partition
