@@ -407,6 +407,8 @@ def _print_summary(m: dict) -> None:
     sa = m.get("sample_ahead", 0)
     sampled = (f", {sa} batch{'' if sa == 1 else 'es'} sampled ahead on "
                f"{'its' if sa == 1 else 'their'} own thread" if sa
+               else ", windows sampled on the read-ahead's own thread"
+               if b.get("read_ahead") and b["slots"] < b["num_parts"]
                else ", batches sampled on the loader thread")
     knobs = {"hybrid": f" (--hybrid-mix {m['config']['hybrid_mix']:g}, --ordering "
                        f"{m['config']['ordering']})",

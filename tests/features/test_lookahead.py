@@ -413,6 +413,11 @@ def test_train_summary_says_where_batches_are_sampled(planted_dataset: Path, tmp
     assert "1 batch sampled ahead on its own thread" in capsys.readouterr().out
     assert main(base + ["--output-dir", str(tmp_path / "b"), "--sample-ahead", "0"]) == 0
     assert "batches sampled on the loader thread" in capsys.readouterr().out
+    exact = ["train", str(planted_dataset), "--mode", "exact", "--partitions", "8", "--epochs", "1",
+             "--fanout", "5,5", "--no-progress", "--read-ahead", "4"]
+    assert main(exact + ["--output-dir", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    assert "read-ahead 4 batches" in out and "windows sampled on the read-ahead's own thread" in out
 
 
 def test_sample_ahead_auto_is_off_where_it_cannot_apply(planted_dataset: Path, tmp_path: Path) -> None:
