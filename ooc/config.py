@@ -650,13 +650,21 @@ def load_yaml(path: str | Path) -> dict:
     return data
 
 
+#: command-line flags whose names are not the option's with dashes
+_FLAG_NAMES = {"fanouts": "--fanout", "eval_fanouts": "--eval-fanout"}
+
+
 def _coerce(name: str, tp: Any, v: Any, source: str) -> Any:
+    # messages name the flag the user typed
+    label = _FLAG_NAMES.get(name, "--" + name.replace("_", "-")) if source == "command line" \
+        else name
+
     def bad() -> ConfigError:
         import reprlib
         r = reprlib.Repr()  # bounded: never expands a huge (aliased) value
         r.maxlevel, r.maxlist, r.maxtuple, r.maxdict, r.maxstring, r.maxother = 2, 6, 6, 6, 80, 80
         shown = r.repr(v)
-        return ConfigError(f"{source}: {name} expects {getattr(tp, '__name__', tp)}, got {shown}")
+        return ConfigError(f"{source}: {label} expects {getattr(tp, '__name__', tp)}, got {shown}")
 
     if tp is bool:
         if isinstance(v, bool):
@@ -705,12 +713,12 @@ def _coerce(name: str, tp: Any, v: Any, source: str) -> Any:
     if typing.get_origin(tp) is list:
         if isinstance(v, (list, tuple)) and any(isinstance(x, (list, tuple, dict)) for x in v):
             # nested lists (an alias bomb's shape) are never a list of integers
-            raise ConfigError(f"{source}: {name} expects a flat list of integers, got nested lists")
+            raise ConfigError(f"{source}: {label} expects a flat list of integers, got nested lists")
         if name == "fanouts" or (name == "eval_fanouts" and v not in ("", [], None)):
             try:
                 return parse_fanouts(v)
             except (TypeError, ValueError) as e:
-                raise ConfigError(f"{source}: {name}: {e}") from None
+                raise ConfigError(f"{source}: {label}: {e}") from None
         try:
             if isinstance(v, str):
                 v = [x for x in v.strip("[]").split(",") if x.strip()]

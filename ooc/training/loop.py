@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import shutil
@@ -55,10 +56,14 @@ from ooc.util.files import read_jsonl, temp_sibling, write_json_atomic, write_js
 from ooc.util.progress import progress as progress_bar
 from ooc.util.signals import Terminated
 
-__all__ = ["train", "make_task", "make_model", "seed_everything", "peak_rss_bytes", "resolve_device",
+__all__ = ["train", "DivergedError", "make_task", "make_model", "seed_everything", "peak_rss_bytes", "resolve_device",
            "Interrupted", "RESUMABLE_CHANGES"]
 
 log = logging.getLogger("ooc.train")
+
+
+class DivergedError(ValueError):
+    """The training loss became NaN or infinite: the run stops before that step's update."""
 
 
 class Interrupted(RuntimeError):
@@ -499,6 +504,13 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
                         else nullcontext()
                     with ctx:
                         loss, bstats = task.loss(net, batch, device)
+                    if not math.isfinite(bstats["loss_value"]):
+                        raise DivergedError(
+                            f"epoch {epoch}, batch {st.step} (step {st.global_step}): the training "
+                            f"loss is {bstats['loss_value']}; the run stops before updating the "
+                            f"weights with it (the last checkpoint is kept). Damaged features can "
+                            f"cause this: check them with `ooc verify {cfg.dataset}` (a run with "
+                            f"--verify structure skips the checksums); else try a lower --lr")
                     opt.zero_grad()
                     if scaler is not None:
                         scaler.scale(loss).backward()

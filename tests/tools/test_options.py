@@ -64,3 +64,13 @@ def test_negative_fanouts_still_mean_all_neighbours() -> None:
     assert _join_dash_values(["train", "--fanout", "-1,-1", "--memory-budget", "-1GB", "--seed", "-3"],
                              {"--memory-budget"}) == ["train", "--fanout=-1,-1", "--memory-budget=-1GB",
                                                       "--seed", "-3"]
+
+
+@pytest.mark.parametrize("argv, flag", [(["--fanout", "0,x"], "--fanout"),
+                                        (["--eval-fanout", "5,y"], "--eval-fanout"),
+                                        (["--fanout", "10,"], "--fanout")])
+def test_a_bad_list_value_names_the_flag_typed(tmp_path, capsys: pytest.CaptureFixture,
+                                               argv: list, flag: str) -> None:
+    assert main(["train", str(tmp_path / "none"), *argv, "--output-dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"error: command line: {flag}: fanouts must be comma-separated integers" in err, err

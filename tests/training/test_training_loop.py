@@ -275,3 +275,32 @@ def test_split_placeholder_in_a_single_run(planted_dataset: Path, tmp_path: Path
     assert main(["train", str(tmp_path / "split{i}"), "--epochs", "1", "--fanout", "3,3", "--hidden", "8",
                  "--no-progress", "--output-dir", str(run)]) == 0
     assert yaml.safe_load((run / "config.yaml").read_text())["data"]["dataset"] == str(tmp_path / "split0")
+
+
+def test_a_non_finite_loss_stops_the_run_with_an_error(tmp_path: Path, capsys) -> None:
+    """Features with NaN in them (as damaged chunks read under ``--verify structure`` give): the
+    first non-finite loss stops training with an error that names the epoch and batch and points
+    at ``ooc verify``; the command exits non-zero and leaves no run directory behind."""
+    from ooc.ingest.convert import write_graph_dataset
+    from ooc.kernels.generators import planted_partition
+    from ooc.training.loop import DivergedError
+    g = planted_partition(600, num_classes=3, avg_degree=6, feat_dim=8, noise=1.0, seed=2,
+                          train_frac=0.5)
+    ds = write_graph_dataset(tmp_path / "nan", g.num_nodes, g.src, g.dst, g.features, g.labels,
+                             {"train": g.train, "valid": g.valid, "test": g.test}, g.num_classes,
+                             "nan")
+    from ooc.storage.dataset import Dataset
+    d = Dataset(ds)
+    chunk = Path(d.raw("features").chunk_path(0))
+    d.close()
+    raw = np.fromfile(chunk, dtype=np.uint8)
+    raw[: 4 * 8 * 600].view(np.float32)[:] = np.nan  # every row of the first chunk (8 columns)
+    raw.tofile(chunk)
+    with pytest.raises(DivergedError, match=r"epoch 0, batch 0 \(step 0\): the training loss is nan"):
+        train(_cfg(ds, tmp_path / "run", partitions=1, buffer_partitions=1, verify="structure"))
+    out = tmp_path / "cli"
+    assert main(["train", str(ds), "--epochs", "1", "--no-progress", "--verify", "structure",
+                 "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "the training loss is nan" in err and f"ooc verify {ds}" in err
+    assert not out.exists()
