@@ -237,3 +237,14 @@ def test_resume_plans_the_interrupted_split_without_probing(planted_dataset: Pat
     with pytest.raises(AssertionError, match="probed again"):  # another prefetch depth: replanned
         train(_cfg(planted_dataset, tmp_path / "part", **dict(opts, prefetch=0, epochs=2)),
               resume=True)
+
+
+def test_resume_of_a_finished_run_says_nothing_is_left(planted_dataset: Path, tmp_path: Path,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    run = tmp_path / "done"
+    assert main(["train", str(planted_dataset), "--epochs", "2", "--partitions", "8",
+                 "--no-progress", "--output-dir", str(run)]) == 0
+    with caplog.at_level(logging.WARNING):
+        assert main(["train", "--resume", str(run), "--epochs", "1", "--no-progress"]) == 0
+    assert "the run has trained 2 epochs and --epochs is 1: nothing left to train" in caplog.text
