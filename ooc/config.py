@@ -481,11 +481,20 @@ class TrainConfig:
         validate_data_options(self)
 
 
+#: command-line flags whose names are not the option's with dashes
+_FLAG_NAMES = {"fanouts": "--fanout", "eval_fanouts": "--eval-fanout"}
+
+
+def command_flag(name: str) -> str:
+    """The ``ooc train`` flag of configuration field ``name`` (``fanouts`` -> ``--fanout``)."""
+    return _FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+
+
 def option_flag(name: str) -> str:
     """How a user names configuration field ``name``: its ``ooc train`` flag and its YAML key
     (``feat_dropout`` -> ``--feat-dropout (model.feat_dropout)``; ``fanouts`` -> ``--fanout
     (sampler.fanouts)``), for error messages; the flag alone for a name that is not a field."""
-    flag = {"fanouts": "--fanout", "eval_fanouts": "--eval-fanout"}.get(name, "--" + name.replace("_", "-"))
+    flag = command_flag(name)
     f = {f.name: f for f in fields(TrainConfig)}.get(name)
     if f is None:
         return flag
@@ -650,14 +659,8 @@ def load_yaml(path: str | Path) -> dict:
     return data
 
 
-#: command-line flags whose names are not the option's with dashes
-_FLAG_NAMES = {"fanouts": "--fanout", "eval_fanouts": "--eval-fanout"}
-
-
 def _coerce(name: str, tp: Any, v: Any, source: str) -> Any:
-    # messages name the flag the user typed
-    label = _FLAG_NAMES.get(name, "--" + name.replace("_", "-")) if source == "command line" \
-        else name
+    label = command_flag(name) if source == "command line" else name  # the flag the user typed
 
     def bad() -> ConfigError:
         import reprlib

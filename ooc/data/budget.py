@@ -542,22 +542,21 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                     # the features serves the window's batches, where a cache of a few % of the
                     # rows saves a few % of the scattered reads (with --cache-size: the cache);
                     # what is left is not a cache either (no row would be asked of it)
-                    room = avail // max(lw, 1)
-                    w = _largest_window(lambda k: window_bytes(k) <= room, steps_cap)
-                    # fewer batches built ahead where the window is otherwise under 2/3 of the
-                    # widest one (with none built ahead): a window's read serves all its
-                    # batches, a batch built ahead overlaps one batch's work; so a larger budget
-                    # does not plan a narrower window than a smaller one whose batches in flight
-                    # did not fit
-                    widths = {depth: w}
-                    for d in range(depth - 1, -1, -1):
-                        room_d = (budget - fixed - lw * staging(d)) // max(lw, 1)
-                        widths[d] = _largest_window(lambda k: window_bytes(k) <= room_d, steps_cap)
+                    # the window beside d batches built ahead, for every d up to the depth; fewer
+                    # are built ahead where the window is otherwise under 2/3 of the widest (a
+                    # window's read serves all its batches, a batch built ahead overlaps one
+                    # batch's work), so that a larger budget does not plan a narrower window than
+                    # a smaller one whose batches in flight did not fit
+                    def width(d: int) -> int:
+                        room = (budget - fixed - lw * staging(d)) // max(lw, 1)
+                        return _largest_window(lambda k: window_bytes(k) <= room, steps_cap)
+
+                    widths = {d: width(d) for d in range(depth, -1, -1)}
                     widest = max(widths.values())
                     d = max(k for k, v in widths.items() if v >= widest / 1.5)
+                    w = widths[d]
                     if d != depth:
-                        depth, w = d, widths[d]
-                        stage = staging(depth)
+                        depth, stage = d, staging(d)
                         avail = budget - fixed - lw * stage
                     if w:
                         ahead_n, ahead = w, window_bytes(w)

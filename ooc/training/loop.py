@@ -56,8 +56,8 @@ from ooc.util.files import read_jsonl, temp_sibling, write_json_atomic, write_js
 from ooc.util.progress import progress as progress_bar
 from ooc.util.signals import Terminated
 
-__all__ = ["train", "DivergedError", "make_task", "make_model", "seed_everything", "peak_rss_bytes", "resolve_device",
-           "Interrupted", "RESUMABLE_CHANGES"]
+__all__ = ["train", "DivergedError", "make_task", "make_model", "seed_everything", "peak_rss_bytes",
+           "resolve_device", "Interrupted", "RESUMABLE_CHANGES"]
 
 log = logging.getLogger("ooc.train")
 
