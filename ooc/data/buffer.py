@@ -474,6 +474,16 @@ class BufferManager:
         base = slot * self.edge_slot_alloc + int(self.tshift[slot])
         return self.tmem[base:base + m * self.topo_rows.row_bytes].view(self.topo_rows.dtype)
 
+    @staticmethod
+    def _fallback_kw(approx_from: int | None, next_use: np.ndarray | None) -> dict:
+        """The fallback's keyword arguments for the rows it is asked (those given only)."""
+        kw: dict = {}
+        if approx_from is not None:
+            kw["approx_from"] = approx_from
+        if next_use is not None:
+            kw["next_use"] = next_use
+        return kw
+
     def gather(self, ids: np.ndarray, approx_from: int | None = None,
                next_use: np.ndarray | None = None) -> tuple[np.ndarray, int]:
         """Rows ``features[ids]``: resident partitions first, the rest from ``fallback``.
@@ -490,6 +500,11 @@ class BufferManager:
         """
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         n = ids.shape[0]
+        if n and not self.capacity:  # no slots (exact mode): every row is the fallback's
+            rows, nbytes = self.fallback.gather(ids, **self._fallback_kw(approx_from, next_use))
+            self.stats.row_misses += n
+            self.stats.bytes_read += int(nbytes)
+            return rows, int(nbytes)
         out = np.empty((n, *self.features.shape[1:]), dtype=self.features.dtype)
         if n == 0:
             return out, 0
@@ -512,11 +527,9 @@ class BufferManager:
         nbytes = 0
         if hits < n:
             pos = np.flatnonzero(used < 0)
-            kw: dict = {}
-            if approx_from is not None:
-                kw["approx_from"] = int(np.searchsorted(pos, approx_from))
-            if next_use is not None:
-                kw["next_use"] = next_use[pos]
+            kw = self._fallback_kw(None if approx_from is None else
+                                   int(np.searchsorted(pos, approx_from)),
+                                   None if next_use is None else next_use[pos])
             rows, nbytes = self.fallback.gather(ids[pos], **kw)
             out[pos] = rows
             self.stats.row_misses += int(pos.shape[0])

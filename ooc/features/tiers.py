@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ooc.kernels.rows import gather_sorted
 from ooc.features.cache import CachedFeature
 from ooc.features.pq import CompressedRows
 from ooc.storage.io import DiskRows, IOCounters
@@ -118,13 +119,8 @@ class StagedRows:
         """``(rows [n, *row_shape] (undefined where not found), found bool [n])`` of int64 ``ids``."""
         held, rows = self._table
         out = np.empty((ids.shape[0], *self.row_shape), dtype=self.dtype)
-        if held.shape[0] == 0 or ids.shape[0] == 0:
-            return out, np.zeros(ids.shape[0], dtype=np.bool_)
-        pos = np.minimum(np.searchsorted(held, ids), held.shape[0] - 1)
-        found = held[pos] == ids
-        hit = np.flatnonzero(found)
-        out[hit] = rows[pos[hit]]
-        self.hits += int(hit.shape[0])
+        found, hits = gather_sorted(held, rows, ids, out)
+        self.hits += hits
         return out, found
 
     def reset_stats(self) -> int:

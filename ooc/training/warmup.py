@@ -17,6 +17,7 @@ from ooc.data.lookahead import next_uses
 from ooc.features.cache import CachedFeature
 from ooc.kernels.disk_sampling import sample_blocks_lists
 from ooc.kernels.graph import self_loop_counts
+from ooc.kernels.rows import gather_sorted
 from ooc.kernels.sampling import sample_blocks
 from ooc.data.resident import _filter_lists
 from ooc.kernels.verify import first_common, first_decrease, first_not_increasing, first_outside
@@ -104,6 +105,10 @@ def warm_up_runtime(model: str = "sage", num_layers: int = 2, shared: bool = Fal
                       np.empty((1, 1), t), np.empty(1, np.int64), np.empty(0, np.int64))
         _gather_local(np.array([0]), 1, np.zeros(1, dtype=np.int64), ALIGN // w, 1, mem.view(t),
                       np.empty((1, 1), t))
+    # a read-ahead window's staged rows, every word width (rows of any size)
+    for t in _WORD.values():
+        gather_sorted(np.array([0], dtype=np.int64), np.zeros((1, 1), t), np.array([0, 1], dtype=np.int64),
+                      np.empty((2, 1), t))
     # --topology disk: the list reader's kernels for both index widths (--hot-topology's too)
     for it in (np.int32, np.int64):
         src, dst = np.array([1, 0], dtype=it), np.empty(2, dtype=it)
