@@ -209,7 +209,10 @@ class ReadAhead:
     window's rows, and makes that table ``misses.staged``.  Each step then takes its kept sample.
     Samples are keyed by their step, so they are those sampled on the loader thread would be
     (over an on-disk topology the list reads of the next window overlap the current one's
-    training).
+    training).  Given the next epoch's plan (``then`` of :meth:`release`), the first window of
+    that epoch is sampled while the last window of this one is served, and its samples are kept
+    through the evaluation (:attr:`held_bytes`), so the next epoch does not begin by waiting for
+    them.
 
     Args:
         sample: ``sample(plan, step, epoch) -> MiniBatch`` (keyed as training keys it).
@@ -238,34 +241,67 @@ class ReadAhead:
         self.table = StagedRows(misses.shape[1:], misses.dtype)
         self._it = None  # the windows sampled ahead (a prefetch iterator), from self._at
         self._at: tuple[int, int, int] | None = None  # (plan id, epoch, its next window's step)
+        self._then: Callable[[], Plan | None] | None = None  # the plan after self._at's (release)
+        #: the next epoch's first window sampled ahead: (epoch, its plan's length, its first
+        #: batch's seeds, kept samples, missing ids)
+        self._first: tuple[int, int, np.ndarray, dict[int, MiniBatch], np.ndarray] | None = None
         self.bytes_read = self.rows = self.reads = 0
         self.read_s = self.wait_s = 0.0
 
-    def _windows(self, plan: Plan, epoch: int, start: int):  # type: ignore[no-untyped-def]
-        """The windows of ``plan`` from step ``start``: ``(first step, kept samples, sorted unique
-        missing ids)`` each, made on the sampling thread."""
+    def _window(self, plan: Plan, epoch: int, s: int) -> tuple[dict[int, MiniBatch], np.ndarray]:
+        """The kept samples of the window at step ``s`` and the sorted unique ids they miss."""
+        kept: dict[int, MiniBatch] = {}
+        need = []
+        for j in range(s, min(len(plan), s + self.window)):
+            mb = self.sample(plan, j, epoch)
+            kept[j] = mb
+            need.append(self.missing(plan, j, mb))
+        ids = np.unique(np.concatenate(need)) if need else np.empty(0, dtype=np.int64)
+        return kept, ids
+
+    def _windows(self, plan: Plan, epoch: int, start: int,  # type: ignore[no-untyped-def]
+                 made: tuple[dict[int, MiniBatch], np.ndarray] | None = None):
+        """The windows of ``plan`` from step ``start``: ``(epoch, first step, kept samples, sorted
+        unique missing ids)`` each, made on the sampling thread (the first one is ``made`` where
+        given); then, if :attr:`_then` gives the next epoch's plan by then, that plan's first
+        window (epoch ``epoch + 1``, step 0)."""
         for s in range(start, len(plan), self.window):
-            kept: dict[int, MiniBatch] = {}
-            need = []
-            for j in range(s, min(len(plan), s + self.window)):
-                mb = self.sample(plan, j, epoch)
-                kept[j] = mb
-                need.append(self.missing(plan, j, mb))
-            ids = np.unique(np.concatenate(need)) if need else np.empty(0, dtype=np.int64)
-            del need
-            yield s, kept, ids
+            if made is not None:
+                yield (epoch, s, *made)
+                made = None
+                continue
+            yield (epoch, s, *self._window(plan, epoch, s))
+        then = self._then
+        nxt = then() if then is not None else None
+        if nxt is not None and len(nxt):
+            yield (epoch + 1, 0, *self._window(nxt, epoch + 1, 0), len(nxt),
+                   np.asarray(nxt.batches[0]).copy())
+
+    @staticmethod
+    def _is_first(f: tuple, plan: Plan, epoch: int, step: int) -> bool:
+        """Whether ``f`` (:attr:`_first`) is the first window of ``plan`` at ``epoch``."""
+        return (step == 0 and f[0] == epoch and f[1] == len(plan)
+                and np.array_equal(f[2], plan.batches[0]))
 
     def _read_window(self, plan: Plan, epoch: int, step: int) -> None:
         self._kept.clear()
         self.table.clear()
         at = (id(plan), epoch, step)
-        if self._it is None or self._at != at:  # a jump (resume, new epoch or plan): restart there
+        first = self._first
+        self._first = None
+        if first is not None and self._is_first(first, plan, epoch, step):
+            # sampled while the previous epoch ended: served at once, the next window sampled
+            # while this one is read
+            self._close_sampling()
+            self._it = prefetch(self._windows(plan, epoch, step, first[3:]), 1)
+        elif self._it is None or self._at != at:  # a jump (resume, new epoch or plan): restart
             self._close_sampling()
             self._it = prefetch(self._windows(plan, epoch, step), 1)
+        del first
         t = time.perf_counter()
-        first, self._kept, ids = next(self._it)
+        e, s, self._kept, ids = next(self._it)[:4]
         self.wait_s += time.perf_counter() - t
-        assert first == step, (first, step)
+        assert (e, s) == (epoch, step), (e, s, epoch, step)
         self._at = (id(plan), epoch, min(len(plan), step + self.window))
         t0 = time.perf_counter()
         if ids.shape[0]:
@@ -282,18 +318,52 @@ class ReadAhead:
             self._it.close()  # (joins the sampling thread)
         self._it, self._at = None, None
 
-    def take(self, plan: Plan, epoch: int, step: int) -> MiniBatch:
-        """The sample of ``plan`` step ``step`` of ``epoch``; its missing rows are staged."""
+    def take(self, plan: Plan, epoch: int, step: int,
+             then: Callable[[], Plan | None] | None = None) -> MiniBatch:
+        """The sample of ``plan`` step ``step`` of ``epoch``; its missing rows are staged.
+
+        ``then``: gives the plan of epoch ``epoch + 1`` (None: there is none), asked on the
+        sampling thread after this plan's last window is sampled (see :meth:`release`)."""
+        self._then = then
         if self._pos != (id(plan), epoch, step) or step not in self._kept:
             self._read_window(plan, epoch, step)
         self._pos = (id(plan), epoch, step + 1)
         return self._kept.pop(step)
 
-    def release(self) -> None:
-        """Stop sampling ahead; drop the kept samples and the staged rows (the window's memory)."""
-        self._close_sampling()
+    def release(self, done: Plan | None = None) -> None:
+        """Stop sampling ahead; drop the kept samples and the staged rows (the window's memory).
+
+        ``done``: the plan whose last window was just served (its epoch ended).  The first window
+        of the plan given to :meth:`take` through ``then`` was sampled meanwhile; it is kept
+        (waited for, if still being sampled) for the next epoch's first step."""
+        ended = (done is not None and self._it is not None and self._at is not None
+                 and self._at[0] == id(done) and self._at[2] >= len(done) and self._then is not None)
         self._kept.clear()
         self.table.clear()
+        self._first = None
+        if ended:
+            assert self._it is not None
+            t = time.perf_counter()
+            item = next(self._it, None)
+            self.wait_s += time.perf_counter() - t
+            if item is not None and len(item) == 6:
+                e, _, kept, ids, n, seeds = item
+                self._first = (e, n, seeds, kept, ids)
+        self._close_sampling()
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the next epoch's first window held between epochs (its samples and ids)."""
+        if self._first is None:
+            return 0
+        _, _, seeds, kept, ids = self._first
+        n = int(seeds.nbytes + ids.nbytes)
+        for mb in kept.values():
+            n += int(mb.nodes.nbytes + mb.seeds.nbytes + mb.seed_positions.nbytes)
+            for b in mb.blocks:
+                n += int(b.indptr.nbytes + b.indices.nbytes)
+                n += sum(int(a.nbytes) for a in (b.eids, b.edge_weight) if a is not None)
+        return n
 
     @staticmethod
     def _stats(nbytes: int, rows: int, reads: int, seconds: float, hits: int, wait: float) -> dict:

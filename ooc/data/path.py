@@ -146,6 +146,7 @@ class DataPath:
         self._eval_sa: SampleAhead | None = None  # evaluation's sample-ahead (made per evaluation)
         self._plans: dict[tuple, Plan] = {}
         self._last_plan: Plan | None = None
+        self._then: Callable[[], Plan | None] | None = None  # the plan after _last_plan's (iterate)
         self.totals = {"bytes_read": 0, "row_hits": 0, "row_misses": 0}
         self._setup = None
         if cfg.mode == "exact" and buffer.capacity:
@@ -257,24 +258,37 @@ class DataPath:
             held = self.buffer.slot_of >= 0
         return ids[~held[self.part_of(ids)]]
 
-    def iterate(self, plan: Plan, epoch: int, start: int = 0, build: BuildFn | None = None
-                ) -> Iterator[Batch]:
-        """Steps ``start..`` of ``plan`` (node batches unless ``build`` is given)."""
+    def iterate(self, plan: Plan, epoch: int, start: int = 0, build: BuildFn | None = None,
+                then: Callable[[], Plan | None] | None = None) -> Iterator[Batch]:
+        """Steps ``start..`` of ``plan`` (node batches unless ``build`` is given).  ``then`` gives
+        the plan of epoch ``epoch + 1`` (None: none follows): a read-ahead samples its first
+        window while this epoch ends (:meth:`ooc.data.lookahead.ReadAhead.release`)."""
         self._last_plan = plan
+        self._then = then
         it = self.loader.iterate(plan, epoch, start, build or self.node_batch)
-        return it if self.readahead is None and self.sampleahead is None else self._then_release(it)
+        return it if self.readahead is None and self.sampleahead is None else \
+            self._then_release(it, plan)
 
-    def _then_release(self, it: Iterator[Batch]) -> Iterator[Batch]:
-        """``it``, then the read-ahead's window dropped (its rows are not kept for evaluation) and
-        the sample-ahead's thread stopped."""
+    def _then_release(self, it: Iterator[Batch], plan: Plan) -> Iterator[Batch]:
+        """``it``, then the read-ahead's window dropped (its rows are not kept for evaluation; the
+        next epoch's first samples are, where ``it`` ran to its end) and the sample-ahead's thread
+        stopped."""
+        ended = False
         try:
             yield from it
+            ended = True
         finally:
             it.close()  # type: ignore[attr-defined]
             if self.readahead is not None:
-                self.readahead.release()
+                self.readahead.release(plan if ended else None)
             if self.sampleahead is not None:
                 self.sampleahead.close()
+
+    @property
+    def held_between_epochs(self) -> int:
+        """Bytes the data path holds through an evaluation for the next epoch (the read-ahead's
+        first window of samples)."""
+        return self.readahead.held_bytes if self.readahead is not None else 0
 
     def _tensor(self, rows: np.ndarray, native: bool = False) -> torch.Tensor:
         """``rows`` as a tensor: float32, row-normalised with ``feat_norm='row'``; with ``native``
@@ -377,7 +391,7 @@ class DataPath:
         if self.lookahead is not None and self._last_plan is not None:
             ahead = self.lookahead.take(self._last_plan, epoch, index)
         elif self.readahead is not None and self._last_plan is not None:
-            ahead = (self.readahead.take(self._last_plan, epoch, index), None)
+            ahead = (self.readahead.take(self._last_plan, epoch, index, self._then), None)
         elif self.sampleahead is not None and self._last_plan is not None:
             mb0, sampled_s = self.sampleahead.take(self._last_plan, epoch, index)
             ahead = (mb0, None)
@@ -1047,8 +1061,10 @@ def build_data_path(cfg: "TrainConfig", ds: Dataset, job: Job | None = None,
     tune_allocator(mmap_threshold_for(plan.budget // max(job.local_world_size, 1)
                                       if plan.budget else None))
     if plan.prefetch < cfg.prefetch:
-        log.info("prefetch depth %d -> %d to fit the batches in flight into the budget",
-                 cfg.prefetch, plan.prefetch)
+        log.info("prefetch depth %d -> %d %s", cfg.prefetch, plan.prefetch,
+                 f"for a read-ahead window of {plan.read_ahead} batches (fewer window reads)"
+                 if plan.read_ahead and cfg.read_ahead == "auto" else
+                 "to fit the batches in flight into the budget")
     graph, readers = _topology(cfg, mp.topology, ds, job, topology, mp.hot_topology, mp.hot_bits)
     labels = ds.labels if ds.has("labels") else np.zeros(ds.num_nodes, dtype=np.int32)
     feats: "DiskRows | NoFeatures" = NoFeatures(ds.num_nodes)

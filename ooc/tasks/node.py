@@ -263,7 +263,17 @@ class NodeTask:
         return self._plan
 
     def batches(self, plan: Plan, epoch: int, start: int) -> Iterator[Batch]:
-        return self.data.iterate(plan, epoch, start)
+        return self.data.iterate(plan, epoch, start, then=lambda: self._plan_of(epoch + 1))
+
+    def _plan_of(self, epoch: int) -> Plan | None:
+        """This rank's plan of ``epoch`` without memoising it (None past the last epoch); pure,
+        so the read-ahead's thread may ask for the next epoch's while this one trains.  Exact
+        mode only (buffer states chain from epoch to epoch and are planned in order)."""
+        if epoch >= self.cfg.epochs or self.cfg.mode != "exact":
+            return None
+        j = self.job
+        full = self.data.plan_nodes(self.train_ids, self.data.global_batch_size(), epoch)
+        return shard_plan(full, j.rank, j.world_size, j.local_world_size)
 
     def loss(self, model: nn.Module, batch: Batch, device: torch.device) -> tuple[torch.Tensor, dict]:
         blocks, x = batch.inputs(device, native=takes_half(model))
@@ -315,8 +325,9 @@ class NodeTask:
             # under a budget: its parts idle while evaluating (batches in flight, the read-ahead
             # window, the samples ahead); without: a layer up to the limit
             bp = self.data.budget
-            memory = (bp.staging + bp.read_ahead_bytes + bp.sample_ahead_bytes if bp.budget
-                      else 2 * IN_MEMORY_LIMIT)
+            # (less what the read-ahead keeps of the next epoch's first window)
+            memory = (bp.staging + bp.read_ahead_bytes + bp.sample_ahead_bytes
+                      - self.data.held_between_epochs if bp.budget else 2 * IN_MEMORY_LIMIT)
             root = self.job.run_dir(self.cfg.output_dir) / "inference"
             if self._propagated is None:
                 self._propagated = Propagated(root / "propagated")

@@ -249,6 +249,64 @@ def test_read_ahead_reads_each_window_once_and_batches_get_exact_rows() -> None:
         ReadAhead(sample, misses, 1, missing)  # type: ignore[arg-type]
 
 
+def test_read_ahead_samples_the_next_epochs_first_window_while_this_one_ends() -> None:
+    """Given the next epoch's plan, the read-ahead samples its first window before the epoch
+    ends and keeps it (only) through ``release(done=plan)``; the next epoch's first step is
+    served from it without sampling again, matched by the plan's content (a plan made again
+    is the same plan); an interrupted epoch or another plan keeps nothing / samples afresh."""
+    from types import SimpleNamespace
+
+    from ooc.contracts import Plan
+    from ooc.data.lookahead import ReadAhead
+    from ooc.features.tiers import MissRows
+    b0, b1 = batches(5, 400, 10, 40), batches(6, 400, 10, 40)
+    p0, p1 = (Plan(batches=b, batch_state=[-1] * len(b)) for b in (b0, b1))
+    disk = CountingRows()
+    misses = MissRows(disk)  # type: ignore[arg-type]
+    sampled: list[tuple[int, int]] = []
+
+    def sample(p: Plan, j: int, epoch: int) -> SimpleNamespace:
+        sampled.append((epoch, j))
+        nodes = p.batches[j]
+        return SimpleNamespace(input_nodes=nodes, nodes=nodes, seeds=nodes[:1],
+                               seed_positions=np.zeros(1, np.int64), blocks=[])
+
+    def missing(p: Plan, j: int, mb: SimpleNamespace) -> np.ndarray:
+        return mb.input_nodes
+    ra = ReadAhead(sample, misses, 4, missing)  # type: ignore[arg-type]
+    for j in range(10):
+        ra.take(p0, 0, j, then=lambda: p1)
+    ra.release(done=p0)
+    assert misses.staged.size == 0
+    assert sampled.count((1, 0)) == 1 and (1, 4) not in sampled  # the first window only
+    # 4 samples (nodes, one seed, one position), the window's unique ids, the first batch's seeds
+    assert ra.held_bytes == sum(int(b.nbytes) for b in b1[:4]) + 4 * 8 + 4 * 8 + \
+        8 * np.unique(np.concatenate(b1[:4])).shape[0] + int(b1[0].nbytes)
+    again = Plan(batches=[b.copy() for b in b1], batch_state=[-1] * len(b1))
+    n = len(sampled)
+    for j in range(10):
+        mb = ra.take(again, 1, j)
+        assert mb.input_nodes.tolist() == b1[j].tolist()
+        assert misses.gather(b1[j])[0][:, 0].tolist() == b1[j].tolist()
+        if j == 0:
+            assert sampled[n:] in ([], [(1, 4)], [(1, 4), (1, 5)], [(1, 4), (1, 5), (1, 6)],
+                                   [(1, 4), (1, 5), (1, 6), (1, 7)])  # only the next window
+    assert sampled.count((1, 0)) == 1 and ra.held_bytes == 0
+    ra.release(done=again)  # no plan after epoch 1 was given: nothing kept
+    assert ra.held_bytes == 0
+    for j in range(3):  # interrupted: nothing kept
+        ra.take(p0, 0, j, then=lambda: p1)
+    ra.release()
+    assert ra.held_bytes == 0
+    for j in range(10):
+        ra.take(p0, 0, j, then=lambda: p1)
+    ra.release(done=p0)
+    assert ra.held_bytes > 0
+    n = sampled.count((1, 0))
+    ra.take(p0, 1, 0)  # another plan at epoch 1: sampled afresh, the kept window dropped
+    assert sampled.count((1, 0)) == n + 1 and ra.held_bytes == 0
+
+
 @pytest.mark.parametrize("mode", ["exact", "hybrid"])
 def test_read_ahead_trains_the_losses_of_reading_per_batch(planted_dataset: Path, wide_planted: Path,
                                                            tmp_path: Path, mode: str) -> None:
