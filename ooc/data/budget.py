@@ -29,6 +29,14 @@ __all__ = ["BudgetPlan", "BudgetTooSmall", "plan_budget", "RssMonitor", "mmap_th
            "tune_allocator", "high_water_bytes"]
 
 
+#: Sustained read bandwidth the cost models assume (bytes/s): the budget split's predicted reads
+#: (:mod:`ooc.data.autoplan`) and exact mode's choice of read-ahead window.
+DISK_BYTES_PER_S = 1.0e9
+#: Bytes per second a batch's rows are gathered at from a read-ahead window's staged rows (binary
+#: search and copy on the loader thread; about 7 ms for 27,000 rows of 512 B on the 2-core VM).
+STAGED_GATHER_BYTES_PER_S = 2.0e9
+
+
 def _status_field(name: str) -> int | None:
     try:
         with open("/proc/self/status") as f:
@@ -319,6 +327,40 @@ def _largest_window(fits: "Callable[[int], bool]", cap: int) -> int:
     return w if w >= 2 else 0
 
 
+def _read_ahead_depth(widths: dict[int, int], steps: int, feature_bytes: int,
+                      batch_bytes: int) -> tuple[int, int]:
+    """Exact mode's batches built ahead and read-ahead window: ``(depth, window)`` from
+    ``widths`` (depth -> the widest window the budget holds beside that many batches in flight,
+    0 for none).
+
+    An epoch of ``steps`` batches costs about one pass over the ``feature_bytes`` of features per
+    window (a window's rows are spread over the whole file: its coalesced read approaches the
+    file) at :data:`DISK_BYTES_PER_S`, plus, with no batch built ahead (depth 0), every batch's
+    ``batch_bytes`` of rows gathered on the trainer's thread at
+    :data:`STAGED_GATHER_BYTES_PER_S`.  The cheapest depth is kept (ties: the deepest), and its
+    window is the narrowest that reads no more often (windows of near-equal width).  ``steps`` 0
+    (not known): windows are counted as ``steps / width``.  No window fits: ``(the deepest, 0)``."""
+    deepest = max(widths)
+    if not any(widths.values()):
+        return deepest, 0
+
+    def windows(w: int) -> float:
+        return float(-(-steps // w)) if steps > 0 else 1.0 / w
+
+    def cost(d: int) -> float:
+        w = widths[d]
+        if not w:
+            return float("inf")
+        serial = 0.0 if d else max(steps, 1) * batch_bytes / STAGED_GATHER_BYTES_PER_S
+        return windows(w) * feature_bytes / DISK_BYTES_PER_S + serial
+
+    d = min(widths, key=lambda k: (cost(k), -k))
+    w = widths[d]
+    if steps > 0:
+        w = -(-steps // int(windows(w)))
+    return d, w
+
+
 def _batch_extent(n: int, avg_deg: float, batch_size: int, fanouts: list[int]) -> tuple[int, int]:
     """Upper estimate of one batch's ``(input rows, sampled edges)`` (no deduplication)."""
     rows = batch_size
@@ -552,9 +594,8 @@ def plan_budget(mode: str, budget: int | None, ds: Dataset, offsets: np.ndarray,
                         return _largest_window(lambda k: window_bytes(k) <= room, steps_cap)
 
                     widths = {d: width(d) for d in range(depth, -1, -1)}
-                    widest = max(widths.values())
-                    d = max(k for k, v in widths.items() if v >= widest / 1.5)
-                    w = widths[d]
+                    d, w = _read_ahead_depth(widths, int(train_batches), n * row_bytes,
+                                             ra_rows * row_bytes)
                     if d != depth:
                         depth, stage = d, staging(d)
                         avail = budget - fixed - lw * stage

@@ -128,6 +128,10 @@ def test_read_cost_seconds() -> None:
     from ooc.data.autoplan import DISK_BYTES_PER_S, REQUEST_S
     c = ReadCost(2e9, 1000) + ReadCost(0, 500)
     assert c.seconds == pytest.approx(2e9 / DISK_BYTES_PER_S + 1500 * REQUEST_S)
+    # requests issued beside the trainer (a read-ahead's list reads): counted, latency not charged
+    h = c + ReadCost(1e9, 400, 400)
+    assert (h.bytes, h.requests, h.hidden) == (3e9, 1900, 400)
+    assert h.seconds == pytest.approx(3e9 / DISK_BYTES_PER_S + 1500 * REQUEST_S)
 
 
 # ------------------------------------------------------------------------------------------ split
