@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -196,6 +197,29 @@ def read_ahead_bytes(window: int, batch_rows: int, batch_edges: int, num_nodes: 
     return int(3 * (rows * (16 + 16) + window * batch_edges * 4) + held * (row_bytes + 8))
 
 
+@dataclass
+class _Window:
+    """One read-ahead window, sampled: the plan's steps ``[step, step + len(kept))`` of ``epoch``.
+
+    Attributes:
+        kept: each step's sample; ids: int64, sorted, unique: the rows they miss.
+        steps: the plan's length; seeds: int64 the seeds of the window's first step (with
+            ``steps``, what tells a plan made again from another one, see :meth:`starts`).
+    """
+
+    epoch: int
+    step: int
+    kept: dict[int, MiniBatch]
+    ids: np.ndarray
+    steps: int
+    seeds: np.ndarray
+
+    def starts(self, plan: Plan, epoch: int, step: int) -> bool:
+        """Whether this is the window of ``plan`` at ``epoch``'s ``step``."""
+        return (self.epoch == epoch and self.step == step and self.steps == len(plan)
+                and np.array_equal(self.seeds, plan.batches[step]))
+
+
 class ReadAhead:
     """Reads the rows that the next ``window`` batches of a plan miss as one gather.
 
@@ -242,14 +266,12 @@ class ReadAhead:
         self._it = None  # the windows sampled ahead (a prefetch iterator), from self._at
         self._at: tuple[int, int, int] | None = None  # (plan id, epoch, its next window's step)
         self._then: Callable[[], Plan | None] | None = None  # the plan after self._at's (release)
-        #: the next epoch's first window sampled ahead: (epoch, its plan's length, its first
-        #: batch's seeds, kept samples, missing ids)
-        self._first: tuple[int, int, np.ndarray, dict[int, MiniBatch], np.ndarray] | None = None
+        self._first: _Window | None = None  # the next epoch's first window, sampled ahead
         self.bytes_read = self.rows = self.reads = 0
         self.read_s = self.wait_s = 0.0
 
-    def _window(self, plan: Plan, epoch: int, s: int) -> tuple[dict[int, MiniBatch], np.ndarray]:
-        """The kept samples of the window at step ``s`` and the sorted unique ids they miss."""
+    def _window(self, plan: Plan, epoch: int, s: int) -> "_Window":
+        """The window of ``plan`` at step ``s``: its kept samples and the ids they miss."""
         kept: dict[int, MiniBatch] = {}
         need = []
         for j in range(s, min(len(plan), s + self.window)):
@@ -257,51 +279,44 @@ class ReadAhead:
             kept[j] = mb
             need.append(self.missing(plan, j, mb))
         ids = np.unique(np.concatenate(need)) if need else np.empty(0, dtype=np.int64)
-        return kept, ids
+        return _Window(epoch, s, kept, ids, len(plan), np.asarray(plan.batches[s]).copy())
 
     def _windows(self, plan: Plan, epoch: int, start: int,  # type: ignore[no-untyped-def]
-                 made: tuple[dict[int, MiniBatch], np.ndarray] | None = None):
-        """The windows of ``plan`` from step ``start``: ``(epoch, first step, kept samples, sorted
-        unique missing ids)`` each, made on the sampling thread (the first one is ``made`` where
-        given); then, if :attr:`_then` gives the next epoch's plan by then, that plan's first
-        window (epoch ``epoch + 1``, step 0)."""
+                 made: "_Window | None" = None):
+        """The windows of ``plan`` from step ``start``, made on the sampling thread (the first
+        one is ``made`` where given); then, if :attr:`_then` gives the next epoch's plan by then,
+        that plan's first window (epoch ``epoch + 1``, step 0)."""
         for s in range(start, len(plan), self.window):
             if made is not None:
-                yield (epoch, s, *made)
+                yield made
                 made = None
                 continue
-            yield (epoch, s, *self._window(plan, epoch, s))
+            yield self._window(plan, epoch, s)
         then = self._then
         nxt = then() if then is not None else None
         if nxt is not None and len(nxt):
-            yield (epoch + 1, 0, *self._window(nxt, epoch + 1, 0), len(nxt),
-                   np.asarray(nxt.batches[0]).copy())
-
-    @staticmethod
-    def _is_first(f: tuple, plan: Plan, epoch: int, step: int) -> bool:
-        """Whether ``f`` (:attr:`_first`) is the first window of ``plan`` at ``epoch``."""
-        return (step == 0 and f[0] == epoch and f[1] == len(plan)
-                and np.array_equal(f[2], plan.batches[0]))
+            yield self._window(nxt, epoch + 1, 0)
 
     def _read_window(self, plan: Plan, epoch: int, step: int) -> None:
         self._kept.clear()
         self.table.clear()
         at = (id(plan), epoch, step)
-        first = self._first
-        self._first = None
-        if first is not None and self._is_first(first, plan, epoch, step):
+        first, self._first = self._first, None
+        if first is not None and first.starts(plan, epoch, step):
             # sampled while the previous epoch ended: served at once, the next window sampled
             # while this one is read
             self._close_sampling()
-            self._it = prefetch(self._windows(plan, epoch, step, first[3:]), 1)
+            self._it = prefetch(self._windows(plan, epoch, step, first), 1)
         elif self._it is None or self._at != at:  # a jump (resume, new epoch or plan): restart
             self._close_sampling()
             self._it = prefetch(self._windows(plan, epoch, step), 1)
         del first
         t = time.perf_counter()
-        e, s, self._kept, ids = next(self._it)[:4]
+        w = next(self._it)
         self.wait_s += time.perf_counter() - t
-        assert (e, s) == (epoch, step), (e, s, epoch, step)
+        assert (w.epoch, w.step) == (epoch, step), (w.epoch, w.step, epoch, step)
+        self._kept, ids = w.kept, w.ids
+        del w
         self._at = (id(plan), epoch, min(len(plan), step + self.window))
         t0 = time.perf_counter()
         if ids.shape[0]:
@@ -336,29 +351,29 @@ class ReadAhead:
         ``done``: the plan whose last window was just served (its epoch ended).  The first window
         of the plan given to :meth:`take` through ``then`` was sampled meanwhile; it is kept
         (waited for, if still being sampled) for the next epoch's first step."""
-        ended = (done is not None and self._it is not None and self._at is not None
-                 and self._at[0] == id(done) and self._at[2] >= len(done) and self._then is not None)
+        at = self._at
+        ended = (done is not None and self._it is not None and at is not None
+                 and at[0] == id(done) and at[2] >= len(done) and self._then is not None)
         self._kept.clear()
         self.table.clear()
         self._first = None
         if ended:
-            assert self._it is not None
+            assert self._it is not None and at is not None
             t = time.perf_counter()
-            item = next(self._it, None)
+            nxt = next(self._it, None)  # the next epoch's first window, or none (no plan given)
             self.wait_s += time.perf_counter() - t
-            if item is not None and len(item) == 6:
-                e, _, kept, ids, n, seeds = item
-                self._first = (e, n, seeds, kept, ids)
+            if nxt is not None and nxt.epoch == at[1] + 1:
+                self._first = nxt
         self._close_sampling()
 
     @property
     def held_bytes(self) -> int:
         """Bytes of the next epoch's first window held between epochs (its samples and ids)."""
-        if self._first is None:
+        f = self._first
+        if f is None:
             return 0
-        _, _, seeds, kept, ids = self._first
-        n = int(seeds.nbytes + ids.nbytes)
-        for mb in kept.values():
+        n = int(f.seeds.nbytes + f.ids.nbytes)
+        for mb in f.kept.values():
             n += int(mb.nodes.nbytes + mb.seeds.nbytes + mb.seed_positions.nbytes)
             for b in mb.blocks:
                 n += int(b.indptr.nbytes + b.indices.nbytes)
