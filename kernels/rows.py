@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["gather_sorted", "word_view"]
+__all__ = ["gather_sorted", "word_dtype", "word_view"]
 
 
 @njit(cache=True, nogil=True)
@@ -40,6 +40,13 @@ def _gather_sorted(held: np.ndarray, rows: np.ndarray, ids: np.ndarray, out: np.
     return hits
 
 
+def word_dtype(row_bytes: int) -> np.dtype:
+    """The widest unsigned word (8, 4, 2 or 1 bytes) dividing ``row_bytes`` (an int >= 0): rows of
+    that size, and offsets that are multiples of it, can be copied word by word."""
+    return next(np.dtype(w) for w in (np.uint64, np.uint32, np.uint16, np.uint8)
+                if row_bytes % np.dtype(w).itemsize == 0)
+
+
 def word_view(a: np.ndarray) -> np.ndarray:
     """``a`` ([n, ...], C-contiguous) as a 2-D array of its rows' bytes in the widest unsigned word
     (8, 4, 2 or 1 bytes) dividing a row: ``[n, row_bytes / word]``, a view (no copy).
@@ -51,11 +58,7 @@ def word_view(a: np.ndarray) -> np.ndarray:
         raise ValueError("rows must be C-contiguous to be copied as words")
     n = a.shape[0]
     row_bytes = a.dtype.itemsize * (int(np.prod(a.shape[1:])) if a.ndim > 1 else 1)
-    for word in (np.uint64, np.uint32, np.uint16, np.uint8):
-        size = np.dtype(word).itemsize
-        if row_bytes % size == 0:
-            return a.reshape(n, -1).view(np.uint8).reshape(n, row_bytes).view(word)
-    raise AssertionError("unreachable: 1 divides every row size")
+    return a.reshape(n, -1).view(np.uint8).reshape(n, row_bytes).view(word_dtype(row_bytes))
 
 
 def gather_sorted(held: np.ndarray, rows: np.ndarray, ids: np.ndarray,

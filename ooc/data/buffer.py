@@ -53,6 +53,7 @@ import numpy as np
 from numba import njit, uint64
 
 from ooc.data.shared import ALIGN, Handover, SharedSegment
+from ooc.kernels.rows import word_dtype
 from ooc.storage.io import DiskRows, aligned_empty
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -100,9 +101,6 @@ class BufferStats:
         d["buffer_hit_ratio"] = self.hit_ratio
         d["load_bandwidth_Bps"] = self.bytes_read_loads / self.load_s if self.load_s else 0.0
         return d
-
-
-_WORD = {8: np.uint64, 4: np.uint32, 2: np.uint16, 1: np.uint8}
 
 
 @njit(cache=True, nogil=True)
@@ -261,7 +259,8 @@ class BufferManager:
         self.slot_of, self.gen = self.memory.slot_of, self.memory.gen
         self.handover = self.memory.handover
         # copy rows as 8/4/2-byte words when the row size allows (shifts and slots are multiples)
-        self._word = next(w for w in (8, 4, 2, 1) if self.row_bytes % w == 0)
+        self._word_dtype = word_dtype(self.row_bytes)
+        self._word = self._word_dtype.itemsize
         self.role = role
         self.local_rank = local_rank
         self.timeout_s = timeout_s
@@ -515,8 +514,8 @@ class BufferManager:
             w = self._word
             gen0 = self.gen.copy() if self.role == "follower" else np.empty(0, dtype=np.int64)
             hits = _gather_slots(ids, self.offsets, self.slot_of, self.shift // w,
-                                 self.slot_alloc // w, self.row_bytes // w, self.mem.view(_WORD[w]),
-                                 flat.view(_WORD[w]), used, gen0)
+                                 self.slot_alloc // w, self.row_bytes // w, self.mem.view(self._word_dtype),
+                                 flat.view(self._word_dtype), used, gen0)
             if gen0.shape[0]:
                 changed = np.flatnonzero(self.gen != gen0)
                 if changed.shape[0]:  # a slot was rewritten during the copy: re-read its rows
@@ -545,7 +544,7 @@ class BufferManager:
         flat = out.reshape(n, -1).view(np.uint8).reshape(n, self.row_bytes)
         w = self._word
         _gather_local(local, self.slot_rows, self.shift // w, self.slot_alloc // w, self.row_bytes // w,
-                      self.mem.view(_WORD[w]), flat.view(_WORD[w]))
+                      self.mem.view(self._word_dtype), flat.view(self._word_dtype))
         self.stats.row_hits += n
         return out
 

@@ -12,12 +12,12 @@ import numpy as np
 import torch
 
 from ooc.data.budget import RssMonitor, tune_allocator
-from ooc.data.buffer import _WORD, _gather_local, _gather_slots
+from ooc.data.buffer import _gather_local, _gather_slots
 from ooc.data.lookahead import next_uses
 from ooc.features.cache import CachedFeature
 from ooc.kernels.disk_sampling import sample_blocks_lists
 from ooc.kernels.graph import self_loop_counts
-from ooc.kernels.rows import gather_sorted
+from ooc.kernels.rows import gather_sorted, word_dtype
 from ooc.kernels.sampling import sample_blocks
 from ooc.data.resident import _filter_lists
 from ooc.kernels.verify import first_common, first_decrease, first_not_increasing, first_outside
@@ -99,14 +99,16 @@ def warm_up_runtime(model: str = "sage", num_layers: int = 2, shared: bool = Fal
         next_uses(ids, np.array([0, 2, 4], dtype=np.int64), np.array([0, 1], dtype=np.int64), 1,
                   np.full(8, -1, dtype=kd), np.zeros(8, dtype=np.int32), np.empty(2, dtype=np.int64))
     mem = aligned_empty(2 * ALIGN)
-    for w, t in _WORD.items():
+    words = [word_dtype(w) for w in (8, 4, 2, 1)]
+    for t in words:
+        w = t.itemsize
         _gather_slots(np.array([0]), np.array([0, 1], dtype=np.int64), np.array([0], dtype=np.int64),
                       np.zeros(1, dtype=np.int64), ALIGN // w, 1, mem.view(t),
                       np.empty((1, 1), t), np.empty(1, np.int64), np.empty(0, np.int64))
         _gather_local(np.array([0]), 1, np.zeros(1, dtype=np.int64), ALIGN // w, 1, mem.view(t),
                       np.empty((1, 1), t))
     # a read-ahead window's staged rows, every word width (rows of any size)
-    for t in _WORD.values():
+    for t in words:
         gather_sorted(np.array([0], dtype=np.int64), np.zeros((1, 1), t), np.array([0, 1], dtype=np.int64),
                       np.empty((2, 1), t))
     # --topology disk: the list reader's kernels for both index widths (--hot-topology's too)
