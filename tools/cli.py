@@ -325,6 +325,8 @@ def _train_config(args: argparse.Namespace) -> "TrainConfig":
         if getattr(args, "config", None):
             raise ValueError("--resume RUN uses RUN/config.yaml; do not pass --config as well")
         saved = Path(resume) / "config.yaml"
+        if not Path(resume).is_dir():
+            raise FileNotFoundError(f"--resume {resume}: no such run directory")
         if not saved.exists():
             raise FileNotFoundError(f"{resume}: not a run directory (it has no config.yaml)")
         cfg = TrainConfig.from_sources(saved, _flags(args), getattr(args, "set", None))
@@ -439,9 +441,9 @@ def _print_summary(m: dict) -> None:
               + f", {split['slots']} partition slot"
               f"{'' if split['slots'] == 1 else 's'}, cache {_human(split['cache_bytes'])}"
               + (f", read-ahead {split['read_ahead']} batches" if split.get("read_ahead") else "")
-              + " (best of "
-              f"{tried - refused} split{'' if tried - refused == 1 else 's'}"
-              + (f"; {refused} did not fit" if refused else "")
+              + (" (the split planned when the run began" if not tried else " (best of "
+                 f"{tried - refused} split{'' if tried - refused == 1 else 's'}"
+                 + (f"; {refused} did not fit" if refused else ""))
               + f"); predicted training read {_human(split['predicted_bytes'])} per epoch in "
               f"{split['predicted_requests']:,} request{'' if split['predicted_requests'] == 1 else 's'}"
               f"{real}"

@@ -378,6 +378,22 @@ def train(cfg: TrainConfig, resume: bool = False, stop_after_steps: int | None =
         raise
 
 
+def _finished(ckpt: dict, cfg: TrainConfig, out: Path) -> dict | None:
+    """A resumed run with nothing left to train: its ``metrics.json`` as written when it finished
+    (nothing in ``out`` is rewritten), or None when it has epochs left or did not finish (a run
+    stopped at an epoch's end still writes its final evaluation)."""
+    st, final = ckpt.get("state", {}), out / "metrics.json"
+    if st.get("epoch", 0) < cfg.epochs or st.get("step", 0) or not final.exists():
+        return None
+    metrics = json.loads(final.read_text())
+    if metrics.get("epochs_run") != st["epoch"]:  # an older finish, then more epochs interrupted
+        return None
+    log.warning("--resume %s: the run has trained %d epoch%s and --epochs is %d: nothing left to "
+                "train; its files are left as they were (a larger --epochs trains on)", out,
+                st["epoch"], "" if st["epoch"] == 1 else "s", cfg.epochs)
+    return metrics
+
+
 def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | None, job: Job,
            t_start: float) -> dict:
     """The body of :func:`train` once its output folder exists."""
@@ -390,6 +406,9 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
         _check_resume_config(ckpt.get("config", {}), cfg.to_dict())
         _check_resume_dataset(ckpt.get("dataset_identity"), identity, cfg.dataset, out)
         _check_resume_layout(ckpt.get("job", {"world_size": 1, "local_world_size": 1}), layout, out)
+        done = _finished(ckpt, cfg, out) if job.world_size == 1 else None
+        if done is not None:
+            return done
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     # RSS baseline of the runtime, before any data (the budget excludes it); before seeding, so the
@@ -457,10 +476,6 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
         write_jsonl_atomic(metrics_path, st.history)
         write_jsonl_atomic(steps_path, [r for r in read_jsonl(steps_path) if r["step"] < st.global_step])
         log.info("resumed %s at epoch %d, batch %d (step %d)", out, st.epoch, st.step, st.global_step)
-        if st.epoch >= cfg.epochs and st.step == 0:
-            log.warning("--resume %s: the run has trained %d epoch%s and --epochs is %d: nothing "
-                        "left to train (a larger --epochs trains on)", out, st.epoch,
-                        "" if st.epoch == 1 else "s", cfg.epochs)
         job.check_resume(st.global_step)
     else:
         for p in (metrics_path, steps_path):

@@ -74,3 +74,23 @@ def test_a_bad_list_value_names_the_flag_typed(tmp_path, capsys: pytest.CaptureF
     assert main(["train", str(tmp_path / "none"), *argv, "--output-dir", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert f"error: command line: {flag}: fanouts must be comma-separated integers" in err, err
+
+
+@pytest.mark.parametrize("argv, flag", [(["--lr", "-1"], "--lr"), (["--lr", "0"], "--lr"),
+                                        (["--lr", "nan"], "--lr"),
+                                        (["--weight-decay", "-0.1"], "--weight-decay")])
+def test_a_bad_learning_rate_or_decay_names_the_flag(planted_dataset, tmp_path,
+                                                     capsys: pytest.CaptureFixture,
+                                                     argv: list, flag: str) -> None:
+    assert main(["train", str(planted_dataset), *argv, "--output-dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ooc train: error: {flag} (") and "must be" in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_resume_names_a_missing_run_or_one_without_config(tmp_path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["train", "--resume", str(tmp_path / "gone")]) == 2
+    assert f"--resume {tmp_path / 'gone'}: no such run directory" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["train", "--resume", str(tmp_path / "empty")]) == 2
+    assert "not a run directory (it has no config.yaml)" in capsys.readouterr().err

@@ -245,6 +245,10 @@ def test_resume_of_a_finished_run_says_nothing_is_left(planted_dataset: Path, tm
     run = tmp_path / "done"
     assert main(["train", str(planted_dataset), "--epochs", "2", "--partitions", "8",
                  "--no-progress", "--output-dir", str(run)]) == 0
+    before = {f.name: f.read_bytes() for f in run.iterdir() if f.is_file()}
     with caplog.at_level(logging.WARNING):
         assert main(["train", "--resume", str(run), "--epochs", "1", "--no-progress"]) == 0
     assert "the run has trained 2 epochs and --epochs is 1: nothing left to train" in caplog.text
+    # nothing rewritten: the config keeps --epochs 2 and the metrics the finished run's
+    assert {f.name: f.read_bytes() for f in run.iterdir() if f.is_file()} == before
+    assert "epochs: 2" in (run / "config.yaml").read_text()
