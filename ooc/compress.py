@@ -15,7 +15,11 @@ a partition buffer only; the quantiser is Jegou et al.'s PQ (:mod:`ooc.kernels.p
 
 ``ooc compress DATASET --subspaces M`` learns the codebooks on a sample of rows and writes
 ``nodes/pq/codes`` (uint8 ``[N, M]``), ``nodes/pq/centroids`` (float32 ``[M, K, dmax]``) and
-``nodes/pq/bounds`` (int64 ``[M + 1]``) into the dataset (atomically, :class:`ArrayGroupWriter`).
+``nodes/pq/bounds`` (int64 ``[M + 1]``) into the dataset (atomically, :class:`ArrayGroupWriter`),
+with ``nodes/pq/means`` (float32 ``[D]``) and ``nodes/pq/gains`` (float32 ``[M]``,
+:func:`decode_gains`): decoding scales a centroid's deviation from the means by ``1 / gain`` so that
+decoded rows keep the exact rows' expected class signal (codes written before the gains existed
+decode to the plain centroids).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from ooc.kernels.pq import kmeans_subspace, pq_encode, subspace_bounds
 from ooc.storage.dataset import ArrayGroupWriter, Dataset, DatasetError
 from ooc.storage.locks import PathLock
 
-__all__ = ["PQ_GROUP", "train_codebooks", "encode_rows", "compress_dataset"]
+__all__ = ["PQ_GROUP", "MIN_GAIN", "train_codebooks", "decode_gains", "encode_rows", "compress_dataset"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +77,42 @@ def train_codebooks(sample: np.ndarray, subspaces: int, centroids: int = 256, it
     dmax = int(np.diff(bounds).max())
     norm = float((x.astype(np.float64) ** 2).sum(1).mean())
     return _padded(cents, dmax), bounds, err / max(norm, 1e-30)
+
+
+def decode_gains(sample: np.ndarray, centroids: np.ndarray, bounds: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """How much of a small change of a row its PQ decoding keeps, per subspace, measured on
+    ``sample`` (``[S, D]``, the rows the codebooks were learnt on).
+
+    A centroid is the mean of its cell, so a decoded row is shrunk towards the column means: the
+    least-squares slope of the decoded sub-vectors on the exact ones,
+    ``g = sum((c - mean c) . (x - mean x)) / sum(|x - mean x|^2)``, is below 1 (``1 -`` the
+    subspace's relative error about its mean when the cells are exact means).  For Gaussian rows,
+    Stein's lemma makes ``g`` (its matrix form) the derivative of the expected decoding with
+    respect to a shift of the rows' mean -- the part of a row that carries a class signal much
+    smaller than the row's spread.  :func:`ooc.features.pq.open_compressed` divides decoded
+    deviations from the means by ``g``, so a decoded row's expected signal is the exact row's.
+
+    Returns:
+        ``(means float32 [D], gains float32 [M])``; a subspace constant over the sample has gain 1.
+    """
+    x = np.asarray(sample, dtype=np.float32)
+    codes = encode_rows(x, centroids, bounds)
+    means = x.astype(np.float64).mean(0)
+    gains = np.ones(centroids.shape[0], dtype=np.float32)
+    for m in range(centroids.shape[0]):
+        a, b = int(bounds[m]), int(bounds[m + 1])
+        dx = x[:, a:b] - means[a:b]
+        dc = centroids[m, codes[:, m], :b - a] - means[a:b]
+        var = float((dx * dx).sum())
+        if var > 0:
+            gains[m] = float((dc * dx).sum()) / var
+    return means.astype(np.float32), gains
+
+
+#: decoded deviations are divided by a gain of at least this (a subspace whose decoding keeps less
+#: of the rows' changes is left at this boost rather than amplifying its noise without bound)
+MIN_GAIN = 0.25
 
 
 def encode_rows(rows: np.ndarray, centroids: np.ndarray, bounds: np.ndarray) -> np.ndarray:
@@ -158,6 +198,7 @@ def _compress(path: str | Path, subspaces: int, centroids: int, sample_rows: int
         sample = feats.mmap()[ids].reshape(s, dim)
         _check_finite(sample, f"{path}: features", ids=ids)
         cents, bounds, err = train_codebooks(sample, subspaces, k, iters, seed)
+        means, gains = decode_gains(sample, cents, bounds)
         del sample
         t1 = time.perf_counter()
         with ArrayGroupWriter(path, PQ_GROUP, overwrite=overwrite) as w:
@@ -173,9 +214,11 @@ def _compress(path: str | Path, subspaces: int, centroids: int, sample_rows: int
             w.finish_array(cw)
             w.write_array("centroids", cents)
             w.write_array("bounds", bounds)
+            w.write_array("means", means)
+            w.write_array("gains", gains)
             info = {"subspaces": int(subspaces), "centroids": int(k), "sample_rows": int(s),
                     "iters": int(iters), "seed": int(seed), "relative_error": float(err),
-                    "bytes_per_node": int(subspaces)}
+                    "bytes_per_node": int(subspaces), "mean_gain": float(gains.mean())}
             w.commit(pq=info)
         info.update(train_s=t1 - t0, encode_s=time.perf_counter() - t1)
         return info

@@ -598,7 +598,7 @@ def _spool_rows(src: RawArray, perm: np.ndarray, inv: np.ndarray, writer, group:
 
 
 #: arrays copied unchanged by the rewrite (PQ codebooks; the codes are a node array, permuted)
-_VERBATIM = ("nodes/pq/centroids", "nodes/pq/bounds")
+_VERBATIM = ("nodes/pq/centroids", "nodes/pq/bounds", "nodes/pq/means", "nodes/pq/gains")
 
 
 def _known_arrays(ds: Dataset) -> tuple[list[str], list[str]]:

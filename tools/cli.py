@@ -279,7 +279,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
     pq = man.get("pq")
     if pq:
         print(f"pq codes     {pq['subspaces']} B per node ({pq['subspaces']} subspaces x {pq['centroids']} "
-              f"centroids), relative squared error {pq['relative_error']:.3f} (ooc compress)")
+              f"centroids), relative squared error {pq['relative_error']:.3f}"
+              + (f", decoding gain {pq['mean_gain']:.3f}" if "mean_gain" in pq else
+                 ", decoded without gains (older codes: `ooc compress --overwrite` adds them)")
+              + " (ooc compress)")
     print("arrays:")
     for rel, rec in sorted(man["arrays"].items()):
         print(f"  {rel:<26} {str(tuple(rec['shape'])):<20} {rec['dtype']:<8} "

@@ -18,7 +18,9 @@ def _cmd_compress(args: argparse.Namespace) -> int:
     else:
         print(f"pq codes     {info['subspaces']} subspaces x {info['centroids']} centroids, "
               f"{info['bytes_per_node']} B per node; relative squared error of the sample "
-              f"{info['relative_error']:.3f}; codebooks {info['train_s']:.1f} s, encoding "
+              f"{info['relative_error']:.3f}, decoding gain {info['mean_gain']:.3f} (decoded "
+              "deviations from the column means are scaled by 1/gain); codebooks "
+              f"{info['train_s']:.1f} s, encoding "
               f"{info['encode_s']:.1f} s")
     return 0
 

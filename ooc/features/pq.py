@@ -13,11 +13,11 @@ from typing import Callable
 
 import numpy as np
 
-from ooc.compress import PQ_GROUP
+from ooc.compress import MIN_GAIN, PQ_GROUP
 from ooc.kernels.pq import pq_decode
 from ooc.storage.dataset import Dataset, DatasetError
 
-__all__ = ["CompressedRows", "pq_bytes", "open_compressed"]
+__all__ = ["CompressedRows", "calibrated", "pq_bytes", "open_compressed"]
 
 
 class CompressedRows:
@@ -67,6 +67,36 @@ def pq_bytes(ds: Dataset) -> int:
     return total
 
 
+def calibrated(centroids: np.ndarray, bounds: np.ndarray, means: np.ndarray,
+               gains: np.ndarray) -> np.ndarray:
+    """The decoding centroids: each centroid's deviation from the column ``means`` divided by its
+    subspace's gain (:func:`ooc.compress.decode_gains`, floored at :data:`~ooc.compress.MIN_GAIN`;
+    a gain above 1 is kept at 1), so decoded rows keep the exact rows' expected small changes.
+
+    Args:
+        centroids: float32 ``[M, K, dmax]``; bounds: int64 ``[M + 1]``; means: float32 ``[D]``;
+        gains: float32 ``[M]``.
+
+    Returns:
+        float32 ``[M, K, dmax]`` (padding columns stay zero).
+
+    Raises:
+        DatasetError: ``means`` or ``gains`` do not match the codebooks, or are not finite.
+    """
+    m_count, dim = centroids.shape[0], int(bounds[-1])
+    if means.shape != (dim,) or gains.shape != (m_count,) or not np.isfinite(means).all() \
+            or not np.isfinite(gains).all():
+        raise DatasetError(f"PQ means {means.shape} / gains {gains.shape} do not match {m_count} "
+                           f"subspaces of {dim} columns (or are not finite); rerun ooc compress "
+                           "--overwrite")
+    out = np.array(centroids, dtype=np.float32)
+    g = np.clip(gains.astype(np.float32), MIN_GAIN, 1.0)
+    for m in range(m_count):
+        a, b = int(bounds[m]), int(bounds[m + 1])
+        out[m, :, :b - a] = means[a:b] + (out[m, :, :b - a] - means[a:b]) / g[m]
+    return out
+
+
 def open_compressed(ds: Dataset, alloc: Callable[..., np.ndarray] | None = None) -> CompressedRows:
     """Load the dataset's PQ codes into memory.
 
@@ -96,4 +126,13 @@ def open_compressed(ds: Dataset, alloc: Callable[..., np.ndarray] | None = None)
         raise DatasetError(f"{ds.path}: PQ codes {codes.shape} (max {int(codes.max()) if codes.size else 0}"
                            f") do not match {ds.num_nodes} nodes x {ds.feat_dim} features and "
                            f"{cents.shape[1]} centroids; rerun ooc compress --overwrite")
-    return CompressedRows(codes, cents, bounds, ds.features.dtype, ds.feat_dim)
+    if ds.has(f"{PQ_GROUP}/gains"):  # (codes of older versions decode to the plain centroids)
+        try:
+            cents = calibrated(cents, bounds, ds.raw(f"{PQ_GROUP}/means").read_all(),
+                               ds.raw(f"{PQ_GROUP}/gains").read_all())
+        except DatasetError as e:
+            raise DatasetError(f"{ds.path}: {e}") from None
+    dtype = ds.features.dtype
+    if dtype.kind == "f":  # a boosted centroid stays finite in the feature dtype (float16)
+        cents = np.clip(cents, np.finfo(dtype).min, np.finfo(dtype).max)
+    return CompressedRows(codes, cents, bounds, dtype, ds.feat_dim)

@@ -18,8 +18,8 @@ from ooc.data.path import build_data_path
 from ooc.kernels.pq import kmeans_subspace, subspace_bounds
 from ooc.kernels.rng import batch_key
 from ooc.partition import partition_dataset
-from ooc.compress import PQ_GROUP, compress_dataset, encode_rows, train_codebooks
-from ooc.features.pq import CompressedRows, open_compressed, pq_bytes
+from ooc.compress import MIN_GAIN, PQ_GROUP, compress_dataset, decode_gains, encode_rows, train_codebooks
+from ooc.features.pq import CompressedRows, calibrated, open_compressed, pq_bytes
 from ooc.storage.dataset import Dataset, DatasetError
 from ooc.tools.cli import main
 
@@ -89,6 +89,51 @@ def test_pq_codes_are_nearest_centroids() -> None:
         np.testing.assert_allclose(d[np.arange(500), codes[:, m]], d.min(1), rtol=1e-4, atol=1e-5)
 
 
+def test_calibrated_decoding_keeps_a_small_class_shift() -> None:
+    """Rows = unit Gaussian noise +- a class shift 0.1: the plain decoding keeps g ~ 1 - the relative
+    error of the shift; divided by the gain it keeps the whole shift (to sampling noise)."""
+    rng = np.random.default_rng(0)
+    n, d = 40_000, 12
+    y = rng.integers(0, 2, n)
+    x = (rng.normal(0, 1, (n, d)) + np.where(y[:, None] == 1, 0.1, -0.1)).astype(np.float32)
+    cent, b, err = train_codebooks(x, 3, centroids=16, iters=12, seed=0)
+    means, gains = decode_gains(x, cent, b)
+    assert means.shape == (12,) and gains.shape == (3,)
+    codes = encode_rows(x, cent, b)
+    plain = CompressedRows(codes, cent, b, np.dtype(np.float32), d).gather(np.arange(n))[0]
+    for m in range(3):  # the slope of the decoding is 1 - its relative error about the mean
+        sl = slice(int(b[m]), int(b[m + 1]))
+        rel = ((x[:, sl] - plain[:, sl]) ** 2).sum() / ((x[:, sl] - means[sl]) ** 2).sum()
+        assert gains[m] == pytest.approx(1 - rel, abs=0.02)
+    assert 0.5 < gains.min() and gains.max() < 0.9
+    cal = CompressedRows(codes, calibrated(cent, b, means, gains), b, np.dtype(np.float32),
+                         d).gather(np.arange(n))[0]
+
+    def shift(a: np.ndarray) -> float:
+        return float((a[y == 1].mean(0) - a[y == 0].mean(0)).mean())
+    exact = shift(x)
+    assert exact == pytest.approx(0.2, abs=0.02)
+    assert shift(plain) / exact == pytest.approx(float(gains.mean()), abs=0.06)
+    assert shift(cal) / exact == pytest.approx(1.0, abs=0.06)
+
+
+def test_calibration_of_lossless_or_constant_subspaces_is_the_identity() -> None:
+    rows, _ = _grid_rows(2000, 10, 3, 4)
+    rows[:, 7:] = 2.5  # the last subspace constant
+    cent, b, _ = train_codebooks(rows, 3, centroids=4, iters=10, seed=1)
+    means, gains = decode_gains(rows, cent, b)
+    np.testing.assert_allclose(gains, 1.0, atol=1e-5)
+    np.testing.assert_allclose(calibrated(cent, b, means, gains), cent, atol=1e-4)
+    # a gain below the floor boosts by 1 / MIN_GAIN only
+    low = calibrated(cent, b, means, np.array([0.01, 1.0, 1.0], np.float32))
+    np.testing.assert_allclose(low[0, :, :4], means[:4] + (cent[0, :, :4] - means[:4]) / MIN_GAIN,
+                               rtol=1e-5)
+    with pytest.raises(DatasetError, match="rerun ooc compress"):
+        calibrated(cent, b, means[:5], gains)
+    with pytest.raises(DatasetError, match="not finite"):
+        calibrated(cent, b, means, np.array([np.nan, 1, 1], np.float32))
+
+
 def test_train_codebooks_rejects_bad_sizes() -> None:
     x = np.zeros((100, 8), np.float32)
     with pytest.raises(ValueError, match="centroids"):
@@ -119,6 +164,11 @@ def test_compress_writes_codes_that_verify(planted_copy: Path) -> None:
     assert pq_bytes(ds) == codes.nbytes + cent.nbytes
     rows = open_compressed(ds)
     assert rows.gather(np.array([0, 2999]))[0].dtype == ds.features.dtype
+    # decoding uses the centroids scaled by the gains measured at compression
+    want = calibrated(cent, bounds, ds.raw(f"{PQ_GROUP}/means").read_all(),
+                      ds.raw(f"{PQ_GROUP}/gains").read_all())
+    np.testing.assert_array_equal(rows.centroids, want.astype(ds.features.dtype))
+    assert 0 < info["mean_gain"] <= 1
     ds.close()
     with pytest.raises(FileExistsError, match="--overwrite"):
         compress_dataset(planted_copy, 8, centroids=16, sample_rows=1000, progress=False)
@@ -166,12 +216,15 @@ def test_partition_keeps_codes_permuted_with_rows(planted_copy: Path) -> None:
     before = Dataset(planted_copy)
     old_codes = before.raw(f"{PQ_GROUP}/codes").read_all()
     old_cent = before.raw(f"{PQ_GROUP}/centroids").read_all()
+    old_gains = before.raw(f"{PQ_GROUP}/gains").read_all()
+    assert old_gains.shape == (4,) and before.raw(f"{PQ_GROUP}/means").shape == (16,)
     before.close()
     out, _ = partition_dataset(planted_copy, 3, "random", seed=2)
     ds = Dataset(out)
     perm = ds.load("nodes/perm")
     np.testing.assert_array_equal(ds.raw(f"{PQ_GROUP}/codes").read_all(), old_codes[perm])
     np.testing.assert_array_equal(ds.raw(f"{PQ_GROUP}/centroids").read_all(), old_cent)
+    np.testing.assert_array_equal(ds.raw(f"{PQ_GROUP}/gains").read_all(), old_gains)
     assert ds.manifest["pq"]["subspaces"] == 4 and ds.verify_checksums() == []
 
 
