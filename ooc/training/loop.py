@@ -476,6 +476,10 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
         write_jsonl_atomic(metrics_path, st.history)
         write_jsonl_atomic(steps_path, [r for r in read_jsonl(steps_path) if r["step"] < st.global_step])
         log.info("resumed %s at epoch %d, batch %d (step %d)", out, st.epoch, st.step, st.global_step)
+        if st.epoch >= cfg.epochs and st.step == 0:  # (one process returned in _finished)
+            log.warning("--resume %s: the run has trained %d epoch%s and --epochs is %d: nothing "
+                        "left to train (a larger --epochs trains on)", out, st.epoch,
+                        "" if st.epoch == 1 else "s", cfg.epochs)
         job.check_resume(st.global_step)
     else:
         for p in (metrics_path, steps_path):
