@@ -459,8 +459,8 @@ class TrainConfig:
         if self.partitions and self.buffer_partitions > self.partitions:
             raise ValueError(f"--buffer-partitions {self.buffer_partitions} exceeds --partitions "
                              f"{self.partitions}")
-        if not self.lr > 0:  # also NaN
-            raise ValueError(f"{option_flag('lr')} must be > 0 (the learning rate), got {self.lr}")
+        if not self.lr >= 0:  # also NaN; 0 keeps the initial weights (torch allows it)
+            raise ValueError(f"{option_flag('lr')} must be >= 0 (the learning rate), got {self.lr}")
         if not self.weight_decay >= 0:
             raise ValueError(f"{option_flag('weight_decay')} must be >= 0, got {self.weight_decay}")
         for name in ("dropout", "attn_dropout", "feat_dropout", "hybrid_mix"):

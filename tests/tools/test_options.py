@@ -76,7 +76,7 @@ def test_a_bad_list_value_names_the_flag_typed(tmp_path, capsys: pytest.CaptureF
     assert f"error: command line: {flag}: fanouts must be comma-separated integers" in err, err
 
 
-@pytest.mark.parametrize("argv, flag", [(["--lr", "-1"], "--lr"), (["--lr", "0"], "--lr"),
+@pytest.mark.parametrize("argv, flag", [(["--lr", "-1"], "--lr"), (["--lr", "-0.5"], "--lr"),
                                         (["--lr", "nan"], "--lr"),
                                         (["--weight-decay", "-0.1"], "--weight-decay")])
 def test_a_bad_learning_rate_or_decay_names_the_flag(planted_dataset, tmp_path,
