@@ -388,10 +388,14 @@ def _finished(ckpt: dict, cfg: TrainConfig, out: Path) -> dict | None:
     metrics = json.loads(final.read_text())
     if metrics.get("epochs_run") != st["epoch"]:  # an older finish, then more epochs interrupted
         return None
-    log.warning("--resume %s: the run has trained %d epoch%s and --epochs is %d: nothing left to "
-                "train; its files are left as they were (a larger --epochs trains on)", out,
-                st["epoch"], "" if st["epoch"] == 1 else "s", cfg.epochs)
+    _warn_nothing_left(out, st["epoch"], cfg.epochs, "; its files are left as they were")
     return metrics
+
+
+def _warn_nothing_left(out: Path, trained: int, epochs: int, kept: str = "") -> None:
+    log.warning("--resume %s: the run has trained %d epoch%s and --epochs is %d: nothing left to "
+                "train%s (a larger --epochs trains on)", out, trained, "" if trained == 1 else "s",
+                epochs, kept)
 
 
 def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | None, job: Job,
@@ -477,9 +481,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
         write_jsonl_atomic(steps_path, [r for r in read_jsonl(steps_path) if r["step"] < st.global_step])
         log.info("resumed %s at epoch %d, batch %d (step %d)", out, st.epoch, st.step, st.global_step)
         if st.epoch >= cfg.epochs and st.step == 0:  # (one process returned in _finished)
-            log.warning("--resume %s: the run has trained %d epoch%s and --epochs is %d: nothing "
-                        "left to train (a larger --epochs trains on)", out, st.epoch,
-                        "" if st.epoch == 1 else "s", cfg.epochs)
+            _warn_nothing_left(out, st.epoch, cfg.epochs)
         job.check_resume(st.global_step)
     else:
         for p in (metrics_path, steps_path):
