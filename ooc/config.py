@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TrainConfig", "hybrid_mix_value", "read_ahead_batches", "sample_ahead_batches",
-           "parse_fanouts", "evaluation_fanouts", "auto_layerwise_eval", "load_yaml", "SECTIONS", "ConfigError"]
+__all__ = ["TrainConfig", "read_ahead_batches", "sample_ahead_batches", "parse_fanouts", "evaluation_fanouts",
+           "auto_layerwise_eval", "load_yaml", "SECTIONS", "ConfigError"]
 
 SECTIONS = ("data", "sampler", "model", "task", "train", "eval", "run")
 
@@ -89,24 +89,6 @@ def _batches_or_auto(value: "str | int", flag: str, least: int) -> int | None:
     if n == 0 or n >= least:
         return n
     raise ValueError(f"{flag} must be auto, 0 (off) or >= {least} batches, got {value!r}")
-
-
-def hybrid_mix_value(value: "str | float") -> float | None:
-    """``--hybrid-mix``: ``auto`` -> None (chosen by :func:`ooc.data.plan.choose_mix`), else the
-    fraction of free seeds, in ``[0, 1)``.
-
-    Raises:
-        ValueError: anything else (naming the flag and the value).
-    """
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return None
-    try:
-        mix = float(value)
-    except (TypeError, ValueError):
-        mix = float("nan")
-    if not 0 <= mix < 1:  # also NaN
-        raise ValueError(f"--hybrid-mix must be auto or a fraction in [0, 1), got {value!r}")
-    return mix
 
 
 def read_ahead_batches(value: "str | int") -> int | None:
@@ -188,12 +170,9 @@ class TrainConfig:
     ordering: str = _opt("comet", "data", "buffer/hybrid partition ordering: sequential or comet "
                          "(two-level randomised; partitions grouped by the training nodes' classes "
                          "where each has one)", choices=("sequential", "comet"))
-    hybrid_mix: str = _opt("auto", "data", "hybrid: fraction in [0, 1) of each batch's seeds drawn "
-                           "from all training nodes instead of the resident partitions (closer to "
-                           "i.i.d. batches; more reads, or more rows decoded from PQ codes); 0 = "
-                           "seeds of resident partitions only; auto: the smallest of 0, 0.1, 0.25, "
-                           "0.5 whose batches' label mix is near uniform batches' (0.25 where the "
-                           "labels are not one class per node)")
+    hybrid_mix: float = _opt(0.25, "data", "hybrid: fraction of each batch's seeds drawn from all "
+                             "training nodes instead of the resident partitions (closer to i.i.d. "
+                             "batches, more reads); 0 = seeds of resident partitions only")
     miss_features: str = _opt("auto", "data", "hybrid: where training batches get the rows of their "
                               "outermost hop that are not resident: disk (exact rows, batched reads) "
                               "or pq (decoded from the product-quantisation codes of `ooc compress`, "
@@ -484,8 +463,7 @@ class TrainConfig:
             raise ValueError(f"{option_flag('lr')} must be >= 0 (the learning rate), got {self.lr}")
         if not self.weight_decay >= 0:
             raise ValueError(f"{option_flag('weight_decay')} must be >= 0, got {self.weight_decay}")
-        hybrid_mix_value(self.hybrid_mix)
-        for name in ("dropout", "attn_dropout", "feat_dropout"):
+        for name in ("dropout", "attn_dropout", "feat_dropout", "hybrid_mix"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{option_flag(name)} must be in [0, 1), got {getattr(self, name)}")
         if self.embedding < 0:
@@ -607,10 +585,10 @@ def validate_data_options(cfg: "TrainConfig") -> None:
     if cfg.miss_features == "pq" and cfg.mode != "hybrid":
         raise ValueError(f"--miss-features pq applies to --mode hybrid only (got "
                          f"--mode {cfg.mode}: exact reads exact rows, buffer has no misses)")
-    if hybrid_mix_value(cfg.hybrid_mix) is not None and cfg.mode != "hybrid":
+    if cfg.hybrid_mix != TrainConfig.hybrid_mix and cfg.mode != "hybrid":
         why = ("exact batches are drawn from all training nodes" if cfg.mode == "exact" else
                "buffer batches train seeds of the resident partitions only")
-        raise ValueError(f"--hybrid-mix {cfg.hybrid_mix} applies to --mode hybrid only (got "
+        raise ValueError(f"--hybrid-mix {cfg.hybrid_mix:g} applies to --mode hybrid only (got "
                          f"--mode {cfg.mode}: {why})")
     if cfg.ordering != TrainConfig.ordering and cfg.mode == "exact":
         raise ValueError(f"--ordering {cfg.ordering} orders the partition states of --mode buffer or "

@@ -247,7 +247,7 @@ def _reusable(ds_path: Path, nodes: int, feat_dim: int, parts: int) -> bool:
 
 def run_bench_ooc(workdir: Path, nodes: int, feat_dim: int, parts: int, budget: int | None,
                   epochs: int, modes: list[str], keep: bool = False, reuse: bool = False,
-                  hybrid_mix: str = "auto", lr_schedule: str = "none", devices: int = 1) -> dict:
+                  hybrid_mix: float = 0.25, lr_schedule: str = "none", devices: int = 1) -> dict:
     """The synthetic side-by-side benchmark; returns (and writes) the result dictionary.
 
     ``reuse``: keep a dataset left in ``workdir/planted`` by an earlier ``--keep`` run when its
@@ -474,8 +474,7 @@ def add_bench_ooc(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--keep", action="store_true", help="keep the generated dataset")
     p.add_argument("--reuse", action="store_true",
                    help="reuse WORKDIR/planted when it matches --nodes/--feat-dim/--parts (implies --keep)")
-    p.add_argument("--hybrid-mix", default="auto",
-                   help="--hybrid-mix of the hybrid run (default auto, as ooc train's)")
+    p.add_argument("--hybrid-mix", type=float, default=0.25, help="--hybrid-mix of the hybrid run")
     p.add_argument("--lr-schedule", default="none", choices=("none", "cosine"),
                    help="--lr-schedule of every training run (cosine: accuracy over several epochs "
                         "without the constant-rate step noise)")

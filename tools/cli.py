@@ -415,8 +415,7 @@ def _print_summary(m: dict) -> None:
                else ", windows sampled on the read-ahead's own thread"
                if b.get("read_ahead") and b["slots"] < b["num_parts"]
                else ", batches sampled on the loader thread")
-    chosen = " (auto)" if str(m["config"]["hybrid_mix"]).strip().lower() == "auto" else ""
-    knobs = {"hybrid": f" (--hybrid-mix {m.get('hybrid_mix', 0.0):g}{chosen}, --ordering "
+    knobs = {"hybrid": f" (--hybrid-mix {m['config']['hybrid_mix']:g}, --ordering "
                        f"{m['config']['ordering']})",
              "buffer": f" (--ordering {m['config']['ordering']})"}
     mix = knobs.get(m["mode"], "")

@@ -59,10 +59,9 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from ooc.config import hybrid_mix_value
 from ooc.data.budget import DISK_BYTES_PER_S, BudgetPlan, _batch_extent
-from ooc.data.plan import (MIX_EXCESS, choose_mix, class_mix_distance, plan_classes, plan_exact,
-                            plan_states, uniform_class_mix)
+from ooc.data.plan import (class_mix_distance, plan_classes, plan_exact, plan_states,
+                            uniform_class_mix)
 from ooc.kernels.disk_sampling import sample_blocks_lists
 from ooc.kernels.rng import batch_key
 from ooc.kernels.sampling import SampledSubgraph
@@ -104,6 +103,15 @@ AUTO_HOT_SHARES = (0.125, 0.25, 0.5)
 #: once planned by the run's readers (10% before, when they ran 5-20% off); at 10% lists on disk
 #: with 34 slots won there over the topology in memory with 20 and trained 16% slower.
 TIE = 0.05
+#: Largest excess of a plan's batch label mix over i.i.d. batches (mean total-variation distance
+#: from the training set's class fractions, :func:`~ooc.data.plan.class_mix_distance`, minus that
+#: of :func:`~ooc.data.plan.plan_exact`'s batches) a split may have where another split stays
+#: within it.  Measured on the 2 M-node bench (16 planted classes, METIS 256, hybrid, mix 0.25,
+#: i.i.d. 0.10): 12 partitions per state +0.04, test accuracy after 10 epochs 0.4 points below
+#: everything in memory; free seeds from lanes +0.17, 1.5 points below; 5 per state (the PQ
+#: split of 8 slots) +0.33, 11.6 points below after one epoch.  The demo graph (8 partitions, one
+#: class each): 1 per state +0.59 (test accuracy 0.67 after one epoch), 3 per state +0.37 (0.93).
+MIX_EXCESS = 0.10
 #: Evaluation batches whose no-deduplication bound exceeds this many rows are not probed (their
 #: full neighbourhoods would take long to read); the bound is used.
 PROBE_EVAL_MAX_ROWS = 4_000_000
@@ -511,12 +519,9 @@ def _probe_states(cfg: "TrainConfig", ds: Dataset, probe: ListProbe, offsets: np
         batch_state = [0] * len(plan.batches)
         upcoming: list[list[int]] = [[]]
     else:
-        mix = hybrid_mix_value(cfg.hybrid_mix) if cfg.mode == "hybrid" else 0.0
-        if mix is None:
-            mix = choose_mix(ids, part_of, num_parts, state_slots, cfg.batch_size, cfg.seed,
-                             cfg.ordering, group, classes)
         plan = plan_states(ids, part_of, num_parts, state_slots, cfg.batch_size, cfg.seed, 0,
-                           cfg.ordering, group, None, mix=mix, classes=classes)
+                           cfg.ordering, group, None,
+                           mix=cfg.hybrid_mix if cfg.mode == "hybrid" else 0.0, classes=classes)
         states, batch_state, upcoming = plan.states, plan.batch_state, plan.upcoming
         if classes is not None:
             distance = class_mix_distance(plan.batches, ids, classes)

@@ -37,8 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import numpy as np
 import torch
 
-from ooc.config import (auto_layerwise_eval, hybrid_mix_value, read_ahead_batches,
-                        sample_ahead_batches)
+from ooc.config import auto_layerwise_eval, read_ahead_batches, sample_ahead_batches
 from ooc.contracts import Batch, EdgePairs, Graph, Job, Plan, SingleProcess
 from ooc.data.autoplan import (AUTO_HOT_SHARES, MIX_EXCESS, Extents, ListProbe, ReadCost,
                                SplitChoice, choose_split, feature_rows, list_reader, probe_extents)
@@ -48,7 +47,7 @@ from ooc.data.buffer import BufferManager, make_buffer
 from ooc.data.loader import BuildFn, Loader
 from ooc.data.lookahead import Lookahead, ReadAhead, SampleAhead
 from ooc.data.ordering import node_swap_lower_bound
-from ooc.data.plan import (choose_mix, class_mix_distance, plan_bucket_states, plan_classes, plan_cluster_states,
+from ooc.data.plan import (class_mix_distance, plan_bucket_states, plan_classes, plan_cluster_states,
                            plan_exact, plan_own, plan_states, uniform_class_mix)
 from ooc.data.resident import ResidentGraph
 from ooc.data.shared import shared_array
@@ -146,9 +145,6 @@ class DataPath:
         self._eval_sampler: NeighborSampler | None = None
         self._eval_sa: SampleAhead | None = None  # evaluation's sample-ahead (made per evaluation)
         self._plans: dict[tuple, Plan] = {}
-        self._mixes: dict[tuple, float] = {}
-        #: the free-seed fraction of the last hybrid plan made (:meth:`mix_of`); 0 until then
-        self.mix_chosen = 0.0
         self._last_plan: Plan | None = None
         self._then: Callable[[], Plan | None] | None = None  # the plan after _last_plan's (iterate)
         self.totals = {"bytes_read": 0, "row_hits": 0, "row_misses": 0}
@@ -196,30 +192,12 @@ class DataPath:
                 classes = plan_classes(self.labels if self.ds.has("labels") else None, ids)
                 p = plan_states(ids, self.part_of(ids), b.num_parts, b.state_slots, batch_size,
                                 c.seed, e, c.ordering, b.group, start,
-                                mix=self.mix_of(key0, ids, batch_size, classes), classes=classes)
+                                mix=c.hybrid_mix if c.mode == "hybrid" else 0.0, classes=classes)
                 if e == 0 and classes is not None and b.budget is None:
                     self._warn_label_mix(p, ids, classes, batch_size)
             self._plans[(key0, e)] = p
             self._plans.pop((key0, e - 2), None)
         return self._plans[(key0, epoch)]
-
-    def mix_of(self, key: tuple, ids: np.ndarray, batch_size: int,
-               classes: np.ndarray | None) -> float:
-        """The free-seed fraction of the state plans of training ``ids`` (``key``: their plan
-        key): ``--hybrid-mix``, or where it is ``auto`` :func:`~ooc.data.plan.choose_mix`'s
-        (chosen once, from the epoch-0 plan; every rank chooses the same); 0 outside hybrid mode.
-        The last one chosen is :meth:`summary`'s ``hybrid_mix``."""
-        if self.cfg.mode != "hybrid":
-            return 0.0
-        if key not in self._mixes:
-            mix = hybrid_mix_value(self.cfg.hybrid_mix)
-            if mix is None:
-                b = self.budget
-                mix = choose_mix(ids, self.part_of(ids), b.num_parts, b.state_slots, batch_size,
-                                 self.cfg.seed, self.cfg.ordering, b.group, classes)
-            self._mixes[key] = mix
-        self.mix_chosen = self._mixes[key]
-        return self.mix_chosen
 
     def _warn_label_mix(self, plan: Plan, ids: np.ndarray, classes: np.ndarray,
                         batch_size: int) -> None:
@@ -680,7 +658,7 @@ class DataPath:
                 "resident_partitions": self.budget.state_slots,
                 "miss_features": "pq" if self.pq is not None else "disk",
                 "sample_ahead": self.sampleahead.depth if self.sampleahead is not None else 0,
-                "hybrid_mix": self.mix_chosen,
+                "hybrid_mix": self.cfg.hybrid_mix if self.cfg.mode == "hybrid" else 0.0,
                 "shared_buffer": b.shared, "buffer_role": b.role,
                 "prefetch": self.budget.prefetch, "topology": self.topology,
                 "split": self.split.as_dict() if self.split is not None else None}

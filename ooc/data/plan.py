@@ -30,8 +30,7 @@ from ooc.data.ordering import assign_buckets, beta_states, node_states
 
 __all__ = ["plan_exact", "plan_own", "plan_states", "plan_cluster_states", "plan_bucket_states",
            "upcoming_of", "shard_plan", "deal_stratified", "plan_classes", "class_strata",
-           "class_mix_distance", "uniform_class_mix", "choose_mix", "MIX_EXCESS", "MIX_LADDER",
-           "UNMEASURED_MIX", "FREE_LANES", "FREE_PICKS", "STRATIFY_CANDIDATES", "PACE_WEIGHT"]
+           "class_mix_distance", "uniform_class_mix", "FREE_LANES", "FREE_PICKS", "STRATIFY_CANDIDATES", "PACE_WEIGHT"]
 
 #: Lanes of a hybrid plan's free seeds (``mix``): every batch takes its free seeds from each, so
 #: they come from up to this many partitions (one or two per lane, for coalesced reads).
@@ -43,20 +42,6 @@ FREE_LANES = 8
 #: 10 epochs, 3 seeds) 3 picks read 13-22% fewer training bytes per epoch than 8, at the same test
 #: accuracy (0.950 against 0.952 at the last epoch).
 FREE_PICKS = 3
-#: How far (total variation, beyond the figure of :func:`plan_exact`'s batches) a state plan's
-#: batches may be from the training set's label mix where another choice stays within it (the
-#: budget split's slots, ``--hybrid-mix auto``).  Measured on the 2 M-node bench (16 planted
-#: classes, METIS 256, hybrid, mix 0.25, i.i.d. 0.10): 12 partitions per state +0.04, test accuracy
-#: after 10 epochs 0.4 points below everything in memory; free seeds from lanes +0.17, 1.5 points
-#: below; 5 per state (the PQ split of 8 slots) +0.33, 11.6 points below after one epoch.  The demo
-#: graph (8 partitions, one class each): 1 per state +0.59 (test accuracy 0.67 after one epoch), 3
-#: per state +0.37 (0.93).
-MIX_EXCESS = 0.10
-#: The free-seed fractions ``--hybrid-mix auto`` tries, smallest first (:func:`choose_mix`).
-MIX_LADDER = (0.0, 0.1, 0.25, 0.5)
-#: ``--hybrid-mix auto`` where the batches' label mix cannot be measured (no single integer class
-#: per node: multi-label or regression targets).
-UNMEASURED_MIX = 0.25
 
 
 def upcoming_of(states: list[list[int]]) -> list[list[int]]:
@@ -250,46 +235,6 @@ def plan_states(train_ids: np.ndarray, part_of: np.ndarray, num_parts: int, stat
             cuts[i] = c[rng.permutation(c.shape[0])]
     batches = [train_ids[c] for c in cuts]
     return Plan(batches, batch_state, states, upcoming_of(states))
-
-
-def choose_mix(train_ids: np.ndarray, part_of: np.ndarray, num_parts: int, state_slots: int,
-               batch_size: int, seed: int, ordering: str, group: int,
-               classes: np.ndarray | None) -> float:
-    """``--hybrid-mix auto``: the fewest free seeds that keep a hybrid plan's batches near the
-    training set's label mix.
-
-    Free seeds exist for the label mix: where partitions follow classes, a buffer state's own
-    seeds are a few classes.  Beyond that they only cost -- their neighbourhoods are almost all
-    misses, read from disk or decoded from PQ codes.  Decoded rows cost accuracy: on the 8 M-node
-    bench (26 of 256 partitions per state, whose seeds alone are 0.03 from uniform batches' label
-    mix) mix 0 scored 0.947 after 3 epochs over 6 seeds against 0.938 at mix 0.25.  So the
-    epoch-0 plan of each fraction of :data:`MIX_LADDER` is cut in turn, and the first whose
-    :func:`class_mix_distance` is within :data:`MIX_EXCESS` of :func:`uniform_class_mix` is
-    kept; where none is, the nearest.
-
-    Args:
-        train_ids, part_of, num_parts, state_slots, batch_size, seed, ordering, group: as in
-            :func:`plan_states`.
-        classes: int64 [T] the training nodes' classes (:func:`plan_classes`), or None.
-
-    Returns:
-        The fraction: 0.0 where every partition is resident (the plan is :func:`plan_exact`'s,
-        which has no free seeds); :data:`UNMEASURED_MIX` without ``classes``.
-    """
-    if state_slots >= num_parts:
-        return 0.0
-    if classes is None:
-        return UNMEASURED_MIX
-    iid = uniform_class_mix(train_ids, batch_size, seed, classes)
-    nearest = (np.inf, MIX_LADDER[0])
-    for mix in MIX_LADDER:
-        plan = plan_states(train_ids, part_of, num_parts, state_slots, batch_size, seed, 0,
-                           ordering, group, None, mix=mix, classes=classes)
-        excess = class_mix_distance(plan.batches, train_ids, classes) - iid
-        if excess <= MIX_EXCESS:
-            return mix
-        nearest = min(nearest, (excess, mix))
-    return nearest[1]
 
 
 def class_strata(part_of: np.ndarray, classes: np.ndarray, num_parts: int) -> np.ndarray:

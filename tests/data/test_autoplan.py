@@ -197,11 +197,10 @@ def test_the_split_keeps_batches_near_the_label_mix(tmp_path: Path,
     """Hybrid on 8 one-class partitions under 700 kB: on predicted reads alone the split keeps the
     topology in memory with 3 partitions per state (batches 0.19 further from the label mix than
     uniform batches); weighing the mix it keeps the lists on disk and 4 per state (+0.11, the
-    nearest any split plans), for more predicted seconds.  (``--hybrid-mix 0.25``: ``auto``
-    would raise the free seeds of the 3-per-state split until its mix is near.)"""
+    nearest any split plans), for more predicted seconds."""
     import ooc.data.autoplan as autoplan
     path = _class_aligned(tmp_path)
-    kw = dict(mode="hybrid", memory_budget="700kB", prefetch=0, hybrid_mix="0.25")
+    kw = dict(mode="hybrid", memory_budget="700kB", prefetch=0)
     mixed = _plan(path, **kw)
     monkeypatch.setattr(autoplan, "MIX_EXCESS", 1.0)
     io_only = _plan(path, **kw)

@@ -329,52 +329,6 @@ def test_class_mix_distance_of_small_plans() -> None:
         class_mix_distance([np.array([99])], ids, cls)
 
 
-def test_auto_mix_takes_the_fewest_free_seeds_that_mix_the_labels() -> None:
-    """:func:`choose_mix` on 256 partitions that each hold mostly one of 16 classes: with 64 per
-    state (stratified logical partitions) the state seeds alone are near the label mix and no
-    free seed is taken; with 4 per state they are a few classes, and the fraction kept is the
-    first of the ladder within MIX_EXCESS of uniform batches (every smaller one is further) or,
-    where none is, the nearest.  Everything resident: 0; no classes: UNMEASURED_MIX."""
-    from ooc.data.plan import MIX_EXCESS, MIX_LADDER, UNMEASURED_MIX, choose_mix, uniform_class_mix
-    rng = np.random.default_rng(0)
-    n, parts, k = 200_000, 256, 16
-    off = np.linspace(0, n, parts + 1).astype(np.int64)
-    part_node = np.searchsorted(off, np.arange(n), side="right") - 1
-    label_of = np.where(rng.random(n) < 0.7, part_node % k, rng.integers(0, k, n))
-    ids = np.sort(rng.choice(n, 20_000, replace=False))
-    part, cls = part_node[ids], plan_classes(label_of, ids)
-    iid = uniform_class_mix(ids, 256, 0, cls)
-
-    def excess(slots: int, group: int, mix: float) -> float:
-        p = plan_states(ids, part, parts, slots, 256, seed=0, epoch=0, ordering="comet",
-                        group=group, mix=mix, classes=cls)
-        return class_mix_distance(p.batches, ids, cls) - iid
-
-    assert choose_mix(ids, part, parts, 64, 256, 0, "comet", 32, cls) == 0.0
-    assert excess(64, 32, 0.0) <= MIX_EXCESS
-    few = choose_mix(ids, part, parts, 4, 256, 0, "comet", 2, cls)
-    assert few > 0.0 and few == choose_mix(ids, part, parts, 4, 256, 0, "comet", 2, cls)
-    got = {m: excess(4, 2, m) for m in MIX_LADDER}
-    assert all(got[m] > MIX_EXCESS for m in MIX_LADDER if m < few), got
-    assert got[few] <= MIX_EXCESS or got[few] == min(got.values()), got
-    assert choose_mix(ids, part, parts, parts, 256, 0, "comet", 2, cls) == 0.0
-    assert choose_mix(ids, part, parts, 4, 256, 0, "comet", 2, None) == UNMEASURED_MIX
-
-
-def test_hybrid_mix_option_reads_auto_or_a_fraction() -> None:
-    """``--hybrid-mix``: ``auto`` or a fraction in [0, 1), from the command line (a string) or
-    YAML (a number); anything else is refused naming the flag."""
-    from ooc.config import hybrid_mix_value
-    assert hybrid_mix_value("auto") is None and hybrid_mix_value(" AUTO ") is None
-    assert hybrid_mix_value("0.3") == 0.3 and hybrid_mix_value(0.0) == 0.0
-    for bad in ("1", "-0.1", "nan", "abc", "", 1.5):
-        with pytest.raises(ValueError, match="--hybrid-mix must be auto or a fraction"):
-            hybrid_mix_value(bad)
-    with pytest.raises(ValueError, match="--hybrid-mix"):
-        TrainConfig(dataset="x", hybrid_mix="2").validate()
-    assert TrainConfig(dataset="x").hybrid_mix == "auto"
-
-
 def test_stratified_free_seeds_bring_batches_near_the_class_mix() -> None:
     """256 partitions that each hold mostly one of 16 classes (where METIS follows communities),
     16 resident per state, mix 0.25: dealt by class shortfall, the free seeds bring each batch's
@@ -592,30 +546,6 @@ def test_hybrid_accuracy_close_to_exact_with_few_resident(metis_dataset: Path, t
                     cache_size="100kB", hybrid_mix=0.25, **kw))
     assert hy["hybrid_mix"] == 0.25 and 0 < hy["buffer_hit_ratio"] < 1 and hy["cache_hits"] > 0
     assert hy["test_acc"] >= ex["test_acc"] - 0.02, (hy["test_acc"], ex["test_acc"])
-
-
-def test_hybrid_auto_mix_is_recorded_and_trains_the_plan_it_chose(metis_dataset: Path,
-                                                                  tmp_path: Path) -> None:
-    """``--hybrid-mix auto`` (the default): metrics.json records the fraction
-    :func:`choose_mix` picks for this run's states, and the run trains the same batches as the
-    same fraction given explicitly (identical losses)."""
-    from ooc.data.plan import MIX_LADDER, choose_mix
-    kw = dict(mode="hybrid", buffer_partitions=2, epochs=1, eval_every=1)
-    auto = train(_cfg(metis_dataset, tmp_path / "a", **kw))
-    assert auto["config"]["hybrid_mix"] == "auto" and auto["hybrid_mix"] in MIX_LADDER
-    ds = Dataset(metis_dataset)
-    try:
-        ids = ds.split("train")
-        off = np.asarray(ds.partition_offsets)
-        part = np.searchsorted(off, ids, side="right") - 1
-        want = choose_mix(ids, part, off.shape[0] - 1, auto["budget"]["state_slots"],
-                          auto["config"]["batch_size"], auto["config"]["seed"], "comet",
-                          auto["budget"]["group"], plan_classes(ds.labels, ids))
-    finally:
-        ds.close()
-    assert auto["hybrid_mix"] == want
-    given = train(_cfg(metis_dataset, tmp_path / "g", hybrid_mix=str(want), **kw))
-    assert given["hybrid_mix"] == want and given["losses"] == auto["losses"]
 
 
 # ------------------------------------------------------------------ budget enforcement

@@ -33,7 +33,7 @@ def test_a_hybrid_mode_with_a_mix_adds_its_hybrid_mix() -> None:
     args = _mode_args("hybrid-pq:0.1", 400_000_000)
     assert args[-2:] == ["--hybrid-mix", "0.1"] and "--miss-features" in args
     ns = build_parser().parse_args(["train", "DS", *args])
-    assert ns.hybrid_mix == "0.1" and ns.miss_features == "pq"
+    assert ns.hybrid_mix == 0.1 and ns.miss_features == "pq"
     check_modes(["resident", "hybrid:0", "exact-cache"], PEER_MODES)
     for bad in ("exact:0.1", "hybrid:1.5", "hybrid:x", "nope"):
         with pytest.raises(ValueError, match="--modes entry"):
