@@ -68,7 +68,9 @@ def main(argv: list[str] | None = None) -> float:
     cfg = TrainConfig(dataset=a.dataset, fanouts=parse_fanouts(a.fanout), batch_size=a.batch_size,
                       hidden=a.hidden, dropout=a.dropout, feat_norm=a.feat_norm, mode=a.mode,
                       memory_budget=a.memory_budget, partitions=a.partitions,
-                      buffer_partitions=min(2, a.partitions), seed=a.seed, progress=False)
+                      seed=a.seed, progress=False,
+                      # without a budget: two partitions resident (the budget's split sizes them)
+                      **({} if a.memory_budget else {"buffer_partitions": min(2, a.partitions)}))
     cfg.validate()
     device = resolve_device(a.device)
     seed_everything(cfg.seed)

@@ -22,6 +22,7 @@ one (added later) lives in section ``train``.  Keys are the field names, except 
 from __future__ import annotations
 
 import difflib
+import io
 import json
 import typing
 from dataclasses import asdict, dataclass, field, fields
@@ -573,6 +574,10 @@ def validate_data_options(cfg: "TrainConfig") -> None:
     if cfg.memory_budget and parse_bytes(cfg.memory_budget) == 0:
         raise ValueError(f"{option_flag('memory_budget')} {cfg.memory_budget}: a budget must be "
                          "positive (leave it out to run without one)")
+    if cfg.memory_budget and cfg.buffer_partitions != TrainConfig.buffer_partitions:
+        raise ValueError(f"--buffer-partitions {cfg.buffer_partitions} with --memory-budget "
+                         f"{cfg.memory_budget}: the budget's split sizes the partition slots; "
+                         "--buffer-partitions sizes them only without a budget (use one)")
     if cfg.topology not in ("auto", "memory", "mmap", "disk"):
         raise ValueError(f"{option_flag('topology')} must be auto, memory, mmap or disk, got {cfg.topology!r}")
     if cfg.hot_topology not in ("", "auto") and parse_bytes(cfg.hot_topology) \
@@ -629,8 +634,10 @@ def safe_yaml(text: str, source: str) -> Any:
                                       f"{mark.line + 1}): refusing what looks like an alias bomb")
             return super().compose_node(parent, index)
 
+    stream = io.StringIO(text)
+    stream.name = str(source)  # the parser's marks name the file, not "<unicode string>"
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(stream, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         raise ConfigError(f"{source}: not valid YAML: {e}") from None
 

@@ -316,6 +316,18 @@ def test_hybrid_mix_is_refused_outside_hybrid_mode(planted_dataset: Path) -> Non
     _cfg(planted_dataset, mode="hybrid", hybrid_mix=0.9)
 
 
+def test_buffer_partitions_are_refused_under_a_budget(planted_dataset: Path) -> None:
+    """Under ``--memory-budget`` the split sizes the partition slots, so an explicit
+    ``--buffer-partitions`` (ignored there without a word, and recorded in config.yaml as if it had
+    been used) is refused naming both options; the default passes with or without a budget, and
+    an explicit value passes without one."""
+    with pytest.raises(ValueError, match="--buffer-partitions 4 with --memory-budget 10MB: the "
+                                         "budget's split sizes the partition slots"):
+        _cfg(planted_dataset, mode="hybrid", memory_budget="10MB", buffer_partitions=4)
+    _cfg(planted_dataset, mode="hybrid", memory_budget="10MB")
+    _cfg(planted_dataset, mode="hybrid", buffer_partitions=4)
+
+
 def test_an_ordering_is_refused_in_exact_mode(planted_dataset: Path) -> None:
     """Exact mode has no partition states to order: ``--ordering sequential`` is refused there
     (it was ignored without a word) and accepted by buffer and hybrid."""

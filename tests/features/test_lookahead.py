@@ -435,9 +435,9 @@ def test_sample_ahead_trains_the_losses_of_sampling_in_the_loader(planted_datase
     assert (on["test_acc"], on["val_acc"]) == (off["test_acc"], off["val_acc"])
     assert (on["sample_ahead"], off["sample_ahead"], deep["sample_ahead"]) == (1, 0, 3)
     assert on["history"][-1]["sample_s"] > 0
-    b = dict(memory_budget="8MB", topology="memory")
-    boff = train(_cfg(planted_dataset, tmp_path / "boff", sample_ahead="0", **kw, **b))
-    bon = train(_cfg(planted_dataset, tmp_path / "bon", sample_ahead="2", **kw, **b))
+    b = dict(mode=mode, read_ahead="0", memory_budget="8MB", topology="memory")  # the split's slots
+    boff = train(_cfg(planted_dataset, tmp_path / "boff", sample_ahead="0", **b))
+    bon = train(_cfg(planted_dataset, tmp_path / "bon", sample_ahead="2", **b))
     assert bon["budget"]["sample_ahead"] == 2 and boff["budget"]["sample_ahead"] == 0
     assert bon["budget"]["sample_ahead_bytes"] > 0 == boff["budget"]["sample_ahead_bytes"]
     assert bon["budget"]["scratch"] == boff["budget"]["scratch"] + bon["budget"]["sample_ahead_bytes"]

@@ -222,7 +222,7 @@ def _weights(run: Path) -> dict:
 def test_link_buffer_mode_resume_is_bit_identical(planted_dataset: Path, tmp_path: Path) -> None:
     """Link prediction in buffer mode (edge-bucket states), interrupted mid-epoch, resumed:
     bit-identical to the uninterrupted run."""
-    kw = dict(task="link", mode="buffer", buffer_partitions=4, batch_size=256, epochs=2,
+    kw = dict(task="link", mode="buffer", batch_size=256, epochs=2,
               checkpoint_every=3, dropout=0.0, memory_budget="4.5MB")
     full = train(_cfg(planted_dataset, tmp_path / "full", **kw))
     with pytest.raises(Interrupted):

@@ -40,6 +40,18 @@ def test_yaml_nested_and_flat_with_precedence(tmp_path: Path) -> None:
     assert again == cfg
 
 
+def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:
+    """A config file that is not YAML is refused naming the file (twice: ours, and the parser's
+    mark, which used to say ``<unicode string>``) and the line of the error."""
+    p = tmp_path / "run.yaml"
+    p.write_text("epochs: 3\nmodel: {name: sage\nlr: 0.1\n")
+    with pytest.raises(ConfigError) as err:
+        TrainConfig.from_sources(p, {}, [])
+    msg = str(err.value)
+    assert msg.startswith(f"{p}: not valid YAML") and f'in "{p}", line 3' in msg
+    assert "<unicode string>" not in msg
+
+
 @pytest.mark.parametrize("sets,match", [
     (["model.hiden=3"], "did you mean 'model.hidden'"),
     (["hidden=abc"], "hidden expects int"),
