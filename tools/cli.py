@@ -983,7 +983,7 @@ def main(argv: list[str] | None = None) -> int:
     from ooc.storage.dataset import DatasetError
     from ooc.ingest.planetoid import PlanetoidError
     from ooc.storage.locks import set_lock_wait
-    from ooc.util.signals import Terminated, stop_on_signals
+    from ooc.util.signals import Terminated, exit_on_signals, stop_on_signals
     set_lock_wait(getattr(args, "wait", False))
     try:
         if args.command in _FIRST_RUN:
@@ -992,6 +992,8 @@ def main(argv: list[str] | None = None) -> int:
         with stop_on_signals(command=f"ooc {args.command}"):
             rc = int(args.func(args) or 0)
         sys.stdout.flush()  # inside the try: a reader that left shows here, not at interpreter exit
+        if argv is None:  # the console script: a signal during the interpreter's exit keeps rc
+            exit_on_signals(rc)
         return rc
     except BrokenPipeError:  # `ooc info DS | head`: the reader left; stop quietly, as a pipe tool does
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -26,7 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["Terminated", "stop_on_signals", "register_partial", "forget_partial", "GRACE_S"]
+__all__ = ["Terminated", "stop_on_signals", "exit_on_signals", "register_partial", "forget_partial",
+           "GRACE_S"]
 
 #: Seconds the main thread gets to stop by itself after SIGINT / SIGTERM before the watchdog ends
 #: the process.
@@ -124,3 +125,22 @@ def stop_on_signals(grace_s: float = GRACE_S, command: str = "ooc") -> Iterator[
         os.close(w)  # the watchdog's read returns b""
         t.join(timeout=1.0)
         os.close(r)
+
+
+def exit_on_signals(rc: int) -> None:
+    """The command's work is done and its status is ``rc``: from here to the interpreter's exit
+    (its teardown of threads, modules and allocators can take seconds) SIGINT and SIGTERM end the
+    process at once with ``rc``, not with ``128 + signum``: nothing is left to stop or remove, so
+    a caller that sends a signal as the command finishes still reads the command's own status.
+
+    Installs process-wide handlers: only for the console script's last step (main thread only).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_signal(signum: int, frame: object) -> None:
+        sys.stdout.flush()
+        os._exit(rc)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)

@@ -25,6 +25,25 @@ def test_info_into_a_closed_pipe_exits_quietly(tmp_path: Path) -> None:
     assert err == ""
 
 
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_during_the_interpreters_exit_keeps_the_commands_status(tmp_path: Path,
+                                                                         sig: str) -> None:
+    """A signal that arrives after the command finished (here: from an atexit hook, while the
+    interpreter tears down) ends the console script with the command's own status (0) and its
+    output intact, not with 128 + signum: the work was done and committed."""
+    ds = small_dataset(tmp_path / "ds", 4, [0, 1, 2], [1, 2, 3])
+    code = ("import atexit, os, signal, sys\n"
+            f"atexit.register(lambda: os.kill(os.getpid(), signal.{sig}))\n"
+            f"sys.argv = ['ooc', 'info', {str(ds)!r}]\n"
+            "from ooc.tools.cli import main\n"
+            "sys.exit(main())\n")
+    env = {**os.environ, "OOC_HUGEPAGES": "0"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stderr)
+    assert "nodes" in r.stdout and r.stderr == ""
+
+
 def test_first_run_notice_only_while_the_cache_is_cold(tmp_path: Path) -> None:
     code = ("from ooc.util.jit import first_run_notice\n"
             "import numpy as np\n"
