@@ -186,8 +186,9 @@ def _compress(path: str | Path, subspaces: int, centroids: int, sample_rows: int
         if not 1 <= subspaces <= dim:
             raise ValueError(f"--subspaces must be in [1, {dim}] (the feature dimension), got "
                              f"{subspaces}")
-        if not 1 <= centroids <= 256:
-            raise ValueError(f"--centroids must be in [1, 256] (uint8 codes), got {centroids}")
+        if not 2 <= centroids <= 256:
+            raise ValueError(f"--centroids must be in [2, 256] (uint8 codes; one centroid per "
+                             f"subspace would decode every row to the column means), got {centroids}")
         if iters < 1:
             raise ValueError(f"--iters must be >= 1, got {iters}")
         k = min(centroids, n)  # a graph with fewer nodes than centroids: one centroid per node

@@ -38,7 +38,7 @@ def add_compress_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("dataset", help="dataset directory (codes are added in place)")
     p.add_argument("--subspaces", type=int, default=32,
                    help="M: bytes per node; more is closer to the rows (default: 32)")
-    p.add_argument("--centroids", type=int, default=256, help="K per subspace, <= 256 (default: 256)")
+    p.add_argument("--centroids", type=int, default=256, help="K per subspace, 2..256 (default: 256)")
     p.add_argument("--sample-rows", type=int, default=32768,
                    help="rows the codebooks are learnt on (default: 32768)")
     p.add_argument("--iters", type=int, default=15, help="k-means iterations (default: 15)")

@@ -183,9 +183,10 @@ def test_compress_writes_codes_that_verify(planted_copy: Path) -> None:
 def test_compress_cli_errors_write_nothing(planted_copy: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["compress", str(planted_copy), "--subspaces", "17", "--no-progress"]) == 2
     assert "[1, 16]" in capsys.readouterr().err
-    assert main(["compress", str(planted_copy), "--subspaces", "4", "--centroids", "0",
-                 "--no-progress"]) == 2
-    assert "centroids" in capsys.readouterr().err
+    for k in ("0", "1"):
+        assert main(["compress", str(planted_copy), "--subspaces", "4", "--centroids", k,
+                     "--no-progress"]) == 2
+        assert "--centroids must be in [2, 256]" in capsys.readouterr().err
     ds = Dataset(planted_copy)
     assert "pq" not in ds.manifest and not ds.has(f"{PQ_GROUP}/codes")
     assert not list((planted_copy / "arrays.zarr" / "nodes").glob(".pq.*"))
@@ -342,7 +343,8 @@ def test_compress_refuses_before_any_work(planted_copy: Path, monkeypatch: pytes
     with pytest.raises(FileExistsError, match="--overwrite"):
         compress_dataset(planted_copy, 4, centroids=16, progress=False)
     for kw, msg in ((dict(sample_rows=15), "smaller than the 16 centroids"),
-                    (dict(iters=0), "--iters"), (dict(centroids=257), r"\[1, 256\]"),
+                    (dict(iters=0), "--iters"), (dict(centroids=257), r"\[2, 256\]"),
+                    (dict(centroids=1), r"--centroids must be in \[2, 256\]"),
                     (dict(subspaces=17), r"--subspaces must be in \[1, 16\]")):
         args = dict(subspaces=4, centroids=16, sample_rows=1000, overwrite=True, progress=False)
         args.update(kw)
