@@ -574,10 +574,6 @@ def validate_data_options(cfg: "TrainConfig") -> None:
     if cfg.memory_budget and parse_bytes(cfg.memory_budget) == 0:
         raise ValueError(f"{option_flag('memory_budget')} {cfg.memory_budget}: a budget must be "
                          "positive (leave it out to run without one)")
-    if cfg.memory_budget and cfg.buffer_partitions != TrainConfig.buffer_partitions:
-        raise ValueError(f"--buffer-partitions {cfg.buffer_partitions} with --memory-budget "
-                         f"{cfg.memory_budget}: the budget's split sizes the partition slots; "
-                         "--buffer-partitions sizes them only without a budget (use one)")
     if cfg.topology not in ("auto", "memory", "mmap", "disk"):
         raise ValueError(f"{option_flag('topology')} must be auto, memory, mmap or disk, got {cfg.topology!r}")
     if cfg.hot_topology not in ("", "auto") and parse_bytes(cfg.hot_topology) \

@@ -993,6 +993,10 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
                     split.plan = sampled
             else:
                 eval_bs = 0
+        if budget_bytes is not None and cfg.buffer_partitions != type(cfg).buffer_partitions:
+            log.warning("--buffer-partitions %d not used: under --memory-budget the budget split "
+                        "sizes the partition slots (%d slots, %d partitions per buffer state)",
+                        cfg.buffer_partitions, plan.slots, plan.state_slots)
         if hot and topology != "disk":
             log.warning("--hot-topology %s not used: %s", cfg.hot_topology,
                         "the budget split keeps the whole topology in memory" if budget_bytes is not None

@@ -316,16 +316,19 @@ def test_hybrid_mix_is_refused_outside_hybrid_mode(planted_dataset: Path) -> Non
     _cfg(planted_dataset, mode="hybrid", hybrid_mix=0.9)
 
 
-def test_buffer_partitions_are_refused_under_a_budget(planted_dataset: Path) -> None:
-    """Under ``--memory-budget`` the split sizes the partition slots, so an explicit
-    ``--buffer-partitions`` (ignored there without a word, and recorded in config.yaml as if it had
-    been used) is refused naming both options; the default passes with or without a budget, and
-    an explicit value passes without one."""
-    with pytest.raises(ValueError, match="--buffer-partitions 4 with --memory-budget 10MB: the "
-                                         "budget's split sizes the partition slots"):
-        _cfg(planted_dataset, mode="hybrid", memory_budget="10MB", buffer_partitions=4)
-    _cfg(planted_dataset, mode="hybrid", memory_budget="10MB")
-    _cfg(planted_dataset, mode="hybrid", buffer_partitions=4)
+def test_buffer_partitions_under_a_budget_are_named_as_not_used(
+        planted_dataset: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Under ``--memory-budget`` the split sizes the partition slots: an explicit
+    ``--buffer-partitions`` (a shipped config sets 1) is not used, and the run says so, naming
+    the slots the split chose (it was ignored without a word); the default says nothing."""
+    caplog.set_level("WARNING", logger="ooc")
+    mp = _plan(planted_dataset, mode="hybrid", memory_budget="10MB", buffer_partitions=1)
+    want = (f"--buffer-partitions 1 not used: under --memory-budget the budget split sizes the "
+            f"partition slots ({mp.plan.slots} slots, {mp.plan.state_slots} partitions per")
+    assert want in caplog.text and mp.plan.slots > 1
+    caplog.clear()
+    _plan(planted_dataset, mode="hybrid", memory_budget="10MB")
+    assert "--buffer-partitions" not in caplog.text
 
 
 def test_an_ordering_is_refused_in_exact_mode(planted_dataset: Path) -> None:
