@@ -10,15 +10,50 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
 import lmdb
 
-__all__ = ["Catalog", "FORMAT_VERSION"]
+__all__ = ["Catalog", "FORMAT_VERSION", "open_env"]
 
 FORMAT_VERSION = 1
 _MAP_SIZE = 1 << 36  # 64 GiB of address space; the file grows only as needed
+#: LMDB's meta page (lmdb.h, 64-bit builds): after the 16-byte page header, ``mm_magic`` (u32) at
+#: byte 16 and the page size (``mm_psize``, the free DB's ``md_pad``, u32) at byte 40
+_META_MAGIC = 0xBEEFC0DE
+
+
+def open_env(path: str | os.PathLike, readonly: bool, **kw: Any) -> lmdb.Environment:
+    """``lmdb.open(path, subdir=True, readonly=readonly, **kw)`` of an environment whose
+    ``data.mdb`` is first checked to hold every page its meta pages name: LMDB maps the file and
+    a page past a truncated file's end is a SIGBUS when read (the process dies with no message).
+
+    Raises:
+        OSError: ``data.mdb`` shorter than its two meta pages or than ``(last_pgno + 1) x psize``
+            (naming the file and both sizes), or not an LMDB file.
+        lmdb.Error: what ``lmdb.open`` raises.
+    """
+    data = Path(path) / "data.mdb"
+    size = data.stat().st_size if data.exists() else 0
+    if size:  # an empty or missing file: LMDB's own error (or a new environment)
+        with open(data, "rb") as f:
+            head = f.read(44)
+        magic, psize = (struct.unpack_from("<I", head, 16)[0], struct.unpack_from("<I", head, 40)[0]) \
+            if len(head) == 44 else (0, 0)
+        if magic != _META_MAGIC or psize < 512:
+            raise OSError(f"{data}: not an LMDB data file (bad meta page)")
+        if size < 2 * psize:
+            raise OSError(f"{data}: truncated ({size:,} bytes, shorter than its two {psize}-byte meta "
+                          "pages)")
+    env = lmdb.open(str(path), subdir=True, readonly=readonly, **kw)
+    if size:
+        need = (int(env.info()["last_pgno"]) + 1) * int(env.stat()["psize"])
+        if size < need:
+            env.close()
+            raise OSError(f"{data}: truncated ({size:,} bytes; its pages need {need:,})")
+    return env
 
 
 class Catalog:
@@ -36,8 +71,8 @@ class Catalog:
         self.path = Path(path)
         if readonly and not (self.path / "data.mdb").exists():
             raise FileNotFoundError(f"{self.path}: LMDB catalog missing (not an ooc dataset?)")
-        self.env = lmdb.open(str(self.path), map_size=_MAP_SIZE, subdir=True, readonly=readonly,
-                             lock=not readonly, readahead=False, max_dbs=4)
+        self.env = open_env(self.path, readonly, map_size=_MAP_SIZE, lock=not readonly,
+                            readahead=False, max_dbs=4)
 
     def put_json(self, key: str, value: Any) -> None:
         with self.env.begin(write=True) as txn:

@@ -34,7 +34,7 @@ from ooc.util.files import fsync_dir, fsync_tree, remove_made_dirs
 from ooc.util.procs import remove_dead_leftovers
 from ooc.util.signals import forget_partial, register_partial
 from ooc.storage.locks import PathLock
-from ooc.storage.catalog import FORMAT_VERSION, Catalog
+from ooc.storage.catalog import FORMAT_VERSION, Catalog, open_env
 from ooc.storage.rawarray import RawArray, RawArrayWriter, write_array, write_group_metadata
 from ooc.storage.verify import read_verification, verifier_for
 
@@ -925,9 +925,8 @@ class Dataset:
         import lmdb
         from ooc.storage.idmap import FWD_DB, REV_DB
         try:
-            env = lmdb.open(str(self.path / "catalog.lmdb"), readonly=True, lock=False, max_dbs=4,
-                            subdir=True)
-        except lmdb.Error as e:
+            env = open_env(self.path / "catalog.lmdb", True, lock=False, max_dbs=4)
+        except (lmdb.Error, OSError) as e:
             return [f"id map unreadable: {e}"]
         try:
             counts = {}

@@ -24,6 +24,8 @@ from typing import Iterable, Iterator, Sequence
 import lmdb
 import numpy as np
 
+from ooc.storage.catalog import open_env
+
 __all__ = ["IdMap", "write_int_id_map", "write_str_id_map", "encode_int_keys", "FWD_DB", "REV_DB"]
 
 FWD_DB = b"idmap.fwd"
@@ -43,8 +45,8 @@ def _encode_internal(start: int, n: int) -> np.ndarray:
 
 
 def _open(path: Path, readonly: bool) -> lmdb.Environment:
-    return lmdb.open(str(path), map_size=_MAP_SIZE, subdir=True, readonly=readonly,
-                     lock=not readonly, readahead=False, max_dbs=4)
+    return open_env(path, readonly, map_size=_MAP_SIZE, lock=not readonly, readahead=False,
+                    max_dbs=4)
 
 
 def write_int_id_map(catalog_path: str | os.PathLike, sorted_ids: np.ndarray,

@@ -122,6 +122,24 @@ def test_damaged_catalog_is_a_clean_error(tmp_path: Path, planted_dataset: Path)
     assert "catalog.lmdb" in r.stderr and "damaged" in r.stderr
 
 
+@pytest.mark.parametrize("keep", ["100", "5000", "all but the last page"])
+def test_truncated_catalog_is_a_clean_error_not_a_bus_error(tmp_path: Path, planted_dataset: Path,
+                                                           keep: str) -> None:
+    """A ``data.mdb`` cut short (inside a meta page, or at a page boundary before its last page)
+    used to kill info / verify / train with SIGBUS (exit 135, no message): LMDB maps the file and
+    reads the missing pages.  Each command now names the file and the sizes, exit 2."""
+    ds = _copy(planted_dataset, tmp_path)
+    data = ds / "catalog.lmdb/data.mdb"
+    raw = data.read_bytes()
+    data.write_bytes(raw[:int(keep)] if keep.isdigit() else raw[:len(raw) - 4096])
+    for cmd in ("info", "verify"):
+        r = _ooc(cmd, str(ds))
+        assert r.returncode == 2, (cmd, r.returncode, r.stderr)
+        assert f"{data}: truncated" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    with pytest.raises(DatasetError, match="truncated"):
+        Dataset(ds)
+
+
 def _chunked(tmp_path: Path) -> Path:
     """A dataset whose indices and features span several chunks of 4 KiB."""
     n = 4096
