@@ -177,9 +177,8 @@ class DataPath:
             own = self.sampler.plan_batches(ids, batch_size, c.seed, epoch)
             return plan_own(own) if own is not None else plan_exact(ids, batch_size, c.seed, epoch)
         key0 = ("nodes", int(ids.shape[0]), int(ids.sum()), batch_size)
-        for e in range(epoch + 1):
-            if (key0, e) in self._plans:
-                continue
+        done = [e for (k, e) in self._plans if k == key0 and e <= epoch]
+        for e in range(max(done, default=-1) + 1, epoch + 1):  # on from the latest memoised
             prev = self._plans.get((key0, e - 1))
             start = prev.states[-1] if prev is not None and prev.states else None
             if c.sampler == "cluster":

@@ -582,13 +582,21 @@ def test_a_state_plan_without_a_budget_warns_of_its_label_mix(
         with caplog.at_level(logging.WARNING, logger="ooc.data"):
             data = build_data_path(cfg, ds)
             try:
-                data.plan_nodes(ds.split("train"), cfg.batch_size, 0)
-                data.plan_nodes(ds.split("train"), cfg.batch_size, 1)  # once: epoch 0 only
+                first = data.plan_nodes(ds.split("train"), cfg.batch_size, 0)
+                for epoch in range(1, 7):  # once: epoch 0's plan is made once, not again later
+                    data.plan_nodes(ds.split("train"), cfg.batch_size, epoch)
+                again = build_data_path(cfg, ds)  # a fresh chain (a resume) plans the same epochs
+                try:
+                    assert again.plan_nodes(ds.split("train"), cfg.batch_size, 6).batches[0].tolist() \
+                        == data.plan_nodes(ds.split("train"), cfg.batch_size, 6).batches[0].tolist()
+                finally:
+                    again.close()
+                assert first.batches[0].size > 0
             finally:
                 data.close()
                 ds.close()
         hits = [r.getMessage() for r in caplog.records if "label mix" in r.getMessage()]
-        assert len(hits) == int(warned), hits
+        assert len(hits) == 2 * int(warned), hits  # one per data path
         if warned:
             assert hits[0].startswith("1 partition per buffer state (--buffer-partitions 2 of 8)")
             assert "a --memory-budget lets the split size the states" in hits[0]
