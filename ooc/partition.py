@@ -914,7 +914,13 @@ def partition_dataset(path: str | Path, num_parts: int | None, method: str = "me
     if footprint not in FOOTPRINTS:
         raise ValueError(f"unknown footprint {footprint!r}; choose from {', '.join(FOOTPRINTS)}")
     target = Path(out) if out is not None else Path(path)
-    same = target.absolute() == Path(path).absolute()
+    # resolved: ``DS/``, ``./x/../DS`` and a link to DS are DS itself (in place)
+    same = target.resolve() == Path(path).resolve()
+    target = Path(path) if same else target
+    if not same and target.resolve().is_relative_to(Path(path).resolve()):
+        raise ValueError(f"--out {out} is inside the dataset {path}: a dataset written there would "
+                         "be lost when the source is rewritten or removed; choose a folder outside "
+                         "it (or leave out --out to partition in place)")
     if resume and not same:
         raise ValueError("--resume finishes an interrupted in-place rewrite; it takes no --out")
     if footprint == "low" and not same:

@@ -157,6 +157,27 @@ def test_cli_partition_in_place(tmp_path: Path, capsys: pytest.CaptureFixture) -
     assert "empty" in capsys.readouterr().err
 
 
+def test_out_naming_the_dataset_itself_is_in_place_and_out_inside_it_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``--out`` spelled as the dataset itself (a trailing slash, ``..``, a symbolic link) is the
+    in-place rewrite, as ``--out DS`` is; an ``--out`` inside the dataset (lost when the source is
+    next rewritten) is refused before any work, naming both, and nothing is written."""
+    p = small_dataset(tmp_path / "d", 7, *SEVEN)
+    (tmp_path / "link").symlink_to(p)
+    for out in (f"{p}/", str(tmp_path / "x" / ".." / "d"), str(tmp_path / "link")):
+        (tmp_path / "x").mkdir(exist_ok=True)
+        assert main(["partition", str(p), "--parts", "2", "--method", "stream", "--out", out]) == 0, \
+            capsys.readouterr().err
+        assert Dataset(p).partition_offsets.shape == (3,)
+    capsys.readouterr()
+    before = sorted(q.name for q in p.iterdir())
+    assert main(["partition", str(p), "--parts", "2", "--method", "stream", "--out",
+                 str(p / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {p / 'sub'} is inside the dataset {p}" in err
+    assert sorted(q.name for q in p.iterdir()) == before
+
+
 @pytest.mark.parametrize("dtype,shape", [(np.float16, (5,)), (np.int32, ())])
 def test_permute_rows_spooled_equals_group_scans(tmp_path: Path, dtype: type, shape: tuple) -> None:
     """Rows permuted through per-group spool files (one scan) equal the group-by-group scans, for
