@@ -45,7 +45,8 @@ def add_partition_parser(sub: argparse._SubParsersAction) -> None:
                    help="metis (in memory, best cut), stream (Fennel/LDG over the on-disk CSC, any "
                         "size), random (baseline); default: metis")
     p.add_argument("--out", default=None,
-                   help="write the partitioned dataset here instead (the dataset's own folder, however spelled: in place; a folder inside it is refused)")
+                   help="write the partitioned dataset here instead (the dataset's own folder, "
+                        "however spelled: in place; a folder inside it is refused)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--passes", type=int, default=2, help="restreaming passes of --method stream")
