@@ -815,6 +815,8 @@ def build_parser() -> argparse.ArgumentParser:
     ver.set_defaults(func=_cmd_verify)
 
     tr = sub.add_parser("train", help="train a GNN out of core",
+                        # the full usage is ~55 lines of options: an error shows one line instead
+                        usage="%(prog)s [DATASET] [OPTIONS]  (ooc train --help lists them)",
                         description="Train GCN / GraphSAGE / GAT / GIN for node classification or "
                                     "link prediction with a partition buffer of bounded size. "
                                     "Options: defaults < --config YAML < flags < --set.")

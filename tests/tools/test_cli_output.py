@@ -147,3 +147,13 @@ def test_warnings_read_like_the_cli_errors(verbose: bool) -> None:
         assert lines[1].endswith(" ooc.data INFO planned")
     else:
         assert r.stderr == "ooc train: warning: DS holds 4 stored partitions\n"
+
+
+def test_a_train_option_error_is_two_lines(capsys: pytest.CaptureFixture) -> None:
+    """A bad ``ooc train`` option prints a one-line usage and the error (the full usage listed
+    every option: ~55 lines before the one that matters), exit 2."""
+    with pytest.raises(SystemExit) as e:
+        main(["train", "DS", "--hybrid-mix", "abc"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 2, err
+    assert err.splitlines()[1] == "ooc train: error: argument --hybrid-mix: invalid float value: 'abc'"
