@@ -266,6 +266,9 @@ class BufferManager:
         self.timeout_s = timeout_s
         self.ticket = 0
         self.part_in_slot = [-1] * capacity   # reserved (loading or loaded): the owner's view
+        # the partitions of the last require (the plan's state): the only ones whose rows are
+        # hits where a miss may be approximated (see gather)
+        self._in_state = np.zeros(self.num_parts, dtype=bool)
         self._loading: dict[int, Future] = {}
         self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix="ooc-io") \
             if io_threads and role != "follower" else None
@@ -433,6 +436,8 @@ class BufferManager:
             PeerError: a shared buffer's peer died, failed or did not answer in time.
         """
         up = [int(q) for q in (upcoming or [])]
+        self._in_state[:] = False
+        self._in_state[np.asarray([int(p) for p in parts], dtype=np.int64)] = True
         if self.role == "private":
             self._require(parts, up)
             return
@@ -490,7 +495,10 @@ class BufferManager:
         Args:
             ids: int64 [n] node ids.
             approx_from: missing rows at positions ``>= approx_from`` may be approximated by the
-                fallback (PQ codes); None: every row exact.
+                fallback (PQ codes); None: every row exact.  There, rows of partitions outside
+                the last :meth:`require`'s state are misses even where a prefetch has already
+                loaded them: whether it has is a matter of timing, and an exact row in one run
+                and a decoded one in the next would make the losses differ run to run.
             next_use: int64 [n] when each row is asked for next, for a look-ahead cache in the
                 fallback (``--cache-policy belady``); None: not known.
 
@@ -522,6 +530,13 @@ class BufferManager:
                     torn = np.isin(used, changed)
                     used[torn] = -1
                     hits -= int(torn.sum())
+        if approx_from is not None and hits and approx_from < n:
+            outer = used[approx_from:]  # a view
+            part = np.searchsorted(self.offsets, ids[approx_from:], side="right") - 1
+            spare = (outer >= 0) & ~self._in_state[part]
+            if spare.any():
+                outer[spare] = -1
+                hits -= int(spare.sum())
         self.stats.row_hits += int(hits)
         nbytes = 0
         if hits < n:
