@@ -512,6 +512,7 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
             rss.phase = "training"
             net.train()
             plan = task.plan(epoch)
+            resumed_at = st.step  # > 0: this epoch resumes mid-way (its counters start there)
             if st.step == 0:
                 st.acc = _fresh_acc()
                 data.reset_stats()
@@ -630,7 +631,10 @@ def _train(cfg: TrainConfig, out: Path, resume: bool, stop_after_steps: int | No
                    f"read {rec['bytes_read'] / 2**20:.1f} MiB hit {rec['buffer_hit_ratio']:.3f} "
                    f"stall {rec['stall_s']:.2f}s")
             if cfg.mode != "exact":
-                msg += f" swaps {rec['swaps']} (lower bound {rec.get('swaps_lower_bound')})"
+                msg += (f" swaps {rec['swaps']} (lower bound {rec.get('swaps_lower_bound')})"
+                        if not resumed_at else
+                        f" swaps {rec['swaps']} since batch {resumed_at} (lower bound "
+                        f"{rec.get('swaps_lower_bound')} for a whole epoch)")
             if rec.get("cache_hits", 0) + rec.get("cache_misses", 0):
                 msg += f" cache hit {rec['cache_hit_ratio']:.3f}"
             if task.select in rec:

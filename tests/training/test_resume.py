@@ -252,3 +252,19 @@ def test_resume_of_a_finished_run_says_nothing_is_left(planted_dataset: Path, tm
     # nothing rewritten: the config keeps --epochs 2 and the metrics the finished run's
     assert {f.name: f.read_bytes() for f in run.iterdir() if f.is_file()} == before
     assert "epochs: 2" in (run / "config.yaml").read_text()
+
+
+def test_a_resumed_epochs_swaps_are_named_as_counted_from_the_resume(
+        planted_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The epoch line of an epoch resumed mid-way counts its swaps from the batch it resumed at,
+    and says so beside the whole epoch's lower bound (it read "swaps 0 (lower bound 6)", a count
+    below its own bound); the next, whole epoch reads as before."""
+    run = tmp_path / "run"
+    cfg = _cfg(planted_dataset, run, mode="hybrid", buffer_partitions=3)
+    with pytest.raises(Interrupted):
+        train(cfg, stop_after_steps=5)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--no-progress"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("epoch ")]
+    assert " since batch 4 (lower bound " in lines[0] and "for a whole epoch)" in lines[0], lines
+    assert "since batch" not in lines[1] and " (lower bound " in lines[1], lines
