@@ -178,44 +178,39 @@ class MissRows:
                next_use: np.ndarray | None = None) -> tuple[np.ndarray, int]:
         """Rows of ``ids`` (int64 [n]): ``(rows [n, *row_shape] storage dtype, bytes read)``.
 
-        Rows read ahead (:attr:`staged`) are served first.  Rows at positions ``>= approx_from``
-        are decoded from the PQ codes unless the CPU cache holds them; without codes (or
-        ``approx_from`` None) every row is exact.  ``next_use`` (int64 [n]) goes to a look-ahead
-        cache (exact rows only: exact mode).
+        With PQ codes, rows at positions ``>= approx_from`` are decoded from them, always: never
+        from the rows read ahead or the CPU cache, whose contents depend on the run's history (a
+        resumed run starts them empty), so that a row exact in one run and decoded in another
+        cannot make the losses differ.  The other rows (all of them without codes or with
+        ``approx_from`` None) are exact: rows read ahead (:attr:`staged`) first, then the CPU
+        cache, then the disk.  ``next_use`` (int64 [n]) goes to a look-ahead cache (exact rows
+        only: exact mode).
         """
         ids = np.ascontiguousarray(ids, dtype=np.int64)
+        n = ids.shape[0]
+        cut = n if approx_from is None or self.pq is None else min(max(int(approx_from), 0), n)
+        if cut == n:
+            return self._staged_or_exact(ids, next_use)
+        out = np.empty((n, *self.shape[1:]), dtype=self.dtype)
+        nbytes = 0
+        if cut:
+            out[:cut], nbytes = self._staged_or_exact(ids[:cut], None)
+        out[cut:] = self.pq.gather(ids[cut:])[0]
+        self.approx_rows += n - cut
+        return out, int(nbytes)
+
+    def _staged_or_exact(self, ids: np.ndarray, next_use: np.ndarray | None
+                         ) -> tuple[np.ndarray, int]:
+        """Exact rows of ``ids``: the rows read ahead, then the CPU cache or the disk."""
         if self.staged.size and ids.shape[0]:
             out, found = self.staged.peek(ids)
             rest = np.flatnonzero(~found)
             if rest.shape[0] == 0:
                 return out, 0
-            af = None if approx_from is None else int(np.searchsorted(rest, approx_from))
-            rows, nbytes = self._tiers(ids[rest], af, None if next_use is None else next_use[rest])
+            rows, nbytes = self._exact(ids[rest], None if next_use is None else next_use[rest])
             out[rest] = rows
             return out, nbytes
-        return self._tiers(ids, approx_from, next_use)
-
-    def _tiers(self, ids: np.ndarray, approx_from: int | None,
-               next_use: np.ndarray | None) -> tuple[np.ndarray, int]:
-        """:meth:`gather` behind the staged rows: CPU cache, then PQ codes or disk."""
-        if approx_from is None or self.pq is None or approx_from >= ids.shape[0]:
-            return self._exact(ids, next_use)
-        cut = max(int(approx_from), 0)
-        out = np.empty((ids.shape[0], *self.shape[1:]), dtype=self.dtype)
-        nbytes = 0
-        if cut:
-            out[:cut], nbytes = self._exact(ids[:cut])
-        far = ids[cut:]
-        if self.cache is not None:
-            rows, found = self.cache.peek(far)
-            out[cut:][found] = rows[found]
-            need = np.flatnonzero(~found)
-        else:
-            need = np.arange(far.shape[0])
-        if need.shape[0]:
-            out[cut + need] = self.pq.gather(far[need])[0]
-            self.approx_rows += int(need.shape[0])
-        return out, int(nbytes)
+        return self._exact(ids, next_use)
 
     def close(self) -> None:
         self.disk.close()
