@@ -457,7 +457,7 @@ class TrainConfig:
                      "io_gap"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{option_flag(name)} must be >= 0, got {getattr(self, name)}")
-        if self.partitions and self.buffer_partitions > self.partitions:
+        if self.partitions and self.buffer_partitions > self.partitions and not self.memory_budget:
             raise ValueError(f"--buffer-partitions {self.buffer_partitions} exceeds --partitions "
                              f"{self.partitions}")
         if not self.lr >= 0:  # also NaN; 0 keeps the initial weights (torch allows it)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from ooc.util.files import fsync_dir
+from ooc.util.signals import deferred_signals
 
 __all__ = ["save_checkpoint", "load_checkpoint", "rng_state", "set_rng_state", "CHECKPOINT_FORMAT",
            "CheckpointError", "content_digest", "previous_path", "DIGEST_KEY", "check_weights_file"]
@@ -116,7 +117,8 @@ def save_checkpoint(obj: dict, path: str | os.PathLike, keep_previous: bool = Tr
     """Write ``obj`` to ``path`` atomically (temporary sibling, fsync, rename, fsync of the folder),
     with its content checksum (:data:`DIGEST_KEY`); the checkpoint it replaces is kept as
     :func:`previous_path` (a hard link made before the rename), for :func:`load_checkpoint` to fall
-    back to.
+    back to.  A SIGINT or SIGTERM during the write is acted on once the checkpoint is complete
+    (:func:`ooc.util.signals.deferred_signals`).
 
     Args:
         obj: tensors and plain values only (what ``torch.load(weights_only=True)`` accepts).
@@ -127,6 +129,11 @@ def save_checkpoint(obj: dict, path: str | os.PathLike, keep_previous: bool = Tr
     tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
     data = dict(obj)
     data[DIGEST_KEY] = content_digest(data)
+    with deferred_signals():  # a SIGINT inside torch.save's writer is a RuntimeError, not an interrupt
+        _write_checkpoint(data, p, tmp, keep_previous)
+
+
+def _write_checkpoint(data: dict, p: Path, tmp: Path, keep_previous: bool) -> None:
     try:
         with open(tmp, "wb") as f:
             torch.save(data, f)

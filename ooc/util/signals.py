@@ -26,8 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["Terminated", "stop_on_signals", "exit_on_signals", "register_partial", "forget_partial",
-           "GRACE_S"]
+__all__ = ["Terminated", "stop_on_signals", "exit_on_signals", "deferred_signals", "register_partial",
+           "forget_partial", "GRACE_S"]
 
 #: Seconds the main thread gets to stop by itself after SIGINT / SIGTERM before the watchdog ends
 #: the process.
@@ -144,3 +144,37 @@ def exit_on_signals(rc: int) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+
+
+@contextmanager
+def deferred_signals() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back while the body runs, then act on the first one that came, as
+    its handler would have (``KeyboardInterrupt``, :class:`Terminated`, or the default action).
+
+    For a short write that a signal must not cut half-way: ``torch.save``'s zip writer, stopped
+    by a ``KeyboardInterrupt`` raised inside it, fails with an unrelated ``RuntimeError`` (and a
+    traceback) instead of the command's interrupt.  The watchdog of :func:`stop_on_signals` still
+    ends a body that takes longer than its grace.  Main thread only (elsewhere it does nothing).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        got.append(signum)
+
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    old = {sig: signal.signal(sig, hold) for sig in sigs}
+    try:
+        yield
+    finally:
+        for sig in sigs:
+            signal.signal(sig, old[sig])
+        if got:
+            sig = got[0]
+            handler = old[sig]
+            if callable(handler):
+                handler(sig, None)
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), sig)

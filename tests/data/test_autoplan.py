@@ -329,6 +329,10 @@ def test_buffer_partitions_under_a_budget_are_named_as_not_used(
     caplog.clear()
     _plan(planted_dataset, mode="hybrid", memory_budget="10MB")
     assert "--buffer-partitions" not in caplog.text
+    # more than --partitions: refused without a budget (it would be used), not with one
+    with pytest.raises(ValueError, match="--buffer-partitions 9 exceeds --partitions 8"):
+        _cfg(planted_dataset, mode="hybrid", buffer_partitions=9)
+    _cfg(planted_dataset, mode="hybrid", buffer_partitions=9, memory_budget="10MB")
 
 
 def test_an_ordering_is_refused_in_exact_mode(planted_dataset: Path) -> None:

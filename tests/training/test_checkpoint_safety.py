@@ -161,3 +161,28 @@ def test_sigterm_stops_promptly(tmp_path: Path, where: str) -> None:
         assert "terminated cleanly" in out
     else:
         assert "still busy after 1 s; stopping now" in err
+
+
+@pytest.mark.parametrize("sig,raised", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, None)])
+def test_a_signal_during_the_checkpoint_write_acts_once_it_is_complete(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: int, raised: type | None) -> None:
+    """A SIGINT inside ``torch.save``'s zip writer made it fail with a RuntimeError ("unexpected
+    pos") and a traceback instead of the command's interrupt.  The signal is held until the
+    checkpoint is written (here it arrives half-way through ``torch.save``), then raised as its
+    handler would (KeyboardInterrupt; Terminated under stop_on_signals): the new checkpoint is
+    complete and loads."""
+    from ooc.util.signals import Terminated, stop_on_signals
+    real_save = torch.save
+
+    def save_with_a_signal(obj: object, f: object) -> None:
+        os.kill(os.getpid(), sig)
+        real_save(obj, f)
+
+    monkeypatch.setattr(torch, "save", save_with_a_signal)
+    path = tmp_path / "checkpoint.pt"
+    with stop_on_signals():
+        with pytest.raises(raised or Terminated):
+            save_checkpoint(_obj(7), path)
+    monkeypatch.setattr(torch, "save", real_save)
+    got = load_checkpoint(path)
+    assert got["state"]["step"] == 7 and torch.equal(got["model"]["w"], _obj(7)["model"]["w"])
