@@ -994,8 +994,10 @@ def plan_machine(cfg: "TrainConfig", ds: Dataset, offsets: np.ndarray, local_wor
                 eval_bs = 0
         if budget_bytes is not None and cfg.buffer_partitions != type(cfg).buffer_partitions:
             log.warning("--buffer-partitions %d not used: under --memory-budget the budget split "
-                        "sizes the partition slots (%d slots, %d partitions per buffer state)",
-                        cfg.buffer_partitions, plan.slots, plan.state_slots)
+                        "sizes the partition slots (%d slot%s%s)", cfg.buffer_partitions, plan.slots,
+                        "" if plan.slots == 1 else "s",
+                        "" if cfg.mode == "exact" else
+                        f", {plan.state_slots} partitions per buffer state")
         if hot and topology != "disk":
             log.warning("--hot-topology %s not used: %s", cfg.hot_topology,
                         "the budget split keeps the whole topology in memory" if budget_bytes is not None
