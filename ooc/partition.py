@@ -915,9 +915,10 @@ def partition_dataset(path: str | Path, num_parts: int | None, method: str = "me
         raise ValueError(f"unknown footprint {footprint!r}; choose from {', '.join(FOOTPRINTS)}")
     target = Path(out) if out is not None else Path(path)
     # resolved: ``DS/``, ``./x/../DS`` and a link to DS are DS itself (in place)
-    same = target.resolve() == Path(path).resolve()
+    source, dest = Path(path).resolve(), target.resolve()
+    same = dest == source
     target = Path(path) if same else target
-    if not same and target.resolve().is_relative_to(Path(path).resolve()):
+    if not same and dest.is_relative_to(source):
         raise ValueError(f"--out {out} is inside the dataset {path}: a dataset written there would "
                          "be lost when the source is rewritten or removed; choose a folder outside "
                          "it (or leave out --out to partition in place)")

@@ -437,7 +437,7 @@ class BufferManager:
         """
         up = [int(q) for q in (upcoming or [])]
         self._in_state[:] = False
-        self._in_state[np.asarray([int(p) for p in parts], dtype=np.int64)] = True
+        self._in_state[np.asarray(parts, dtype=np.int64)] = True
         if self.role == "private":
             self._require(parts, up)
             return
@@ -532,8 +532,7 @@ class BufferManager:
                     hits -= int(torn.sum())
         if approx_from is not None and hits and approx_from < n:
             outer = used[approx_from:]  # a view
-            part = np.searchsorted(self.offsets, ids[approx_from:], side="right") - 1
-            spare = (outer >= 0) & ~self._in_state[part]
+            spare = (outer >= 0) & ~self._in_state[self.part_of(ids[approx_from:])]
             if spare.any():
                 outer[spare] = -1
                 hits -= int(spare.sum())
